@@ -1,0 +1,134 @@
+"""The state-commit strategy interface and its registry.
+
+One speculative step, for a batch that shares a draft shape::
+
+    carry = strategy.start(state)                  # state [B, HV, K, V]
+    ver = strategy.verify(carry, q, k, v, g, beta, tree)
+    ver.o                                          # [B, N, HV, V], every node's output
+    carry = strategy.commit(carry, ver, accepted)  # accepted[b]: last accepted node, -1 = none
+    strategy.materialize(carry)                    # the committed state [B, HV, K, V]
+
+``commit`` may reuse the carry's buffers: treat the carry passed in as consumed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .inputs import StepShape, check_accepted, check_step
+from .memory import GDNShape, StateMemory, account
+from .tree import DraftTree
+
+
+@dataclass
+class Verified:
+    """What a verify pass hands to commit.
+
+    ``o [B, N, HV, V]``: outputs of every node. ``stash``: the strategy's own
+    tensors (snapshots, pseudo-values, keys, decays), named in each strategy.
+    """
+
+    o: torch.Tensor
+    tree: DraftTree
+    shape: StepShape
+    stash: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Strategy(ABC):
+    """A way to keep the recurrent state rollback-able across a verify step."""
+
+    name: str = ""
+    #: True when the strategy accepts branching trees (replay needs a chain).
+    supports_trees: bool = True
+
+    # -- the contract -------------------------------------------------------
+    @abstractmethod
+    def start(self, state: torch.Tensor) -> Any:
+        """Wrap a committed state ``[B, HV, K, V]`` into this strategy's carry."""
+
+    def verify(self, carry: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               g: torch.Tensor, beta: torch.Tensor, tree: DraftTree,
+               scale: float | None = None) -> Verified:
+        """Outputs of every node of ``tree`` from the committed state in ``carry``.
+
+        q, k ``[B, N, H, K]`` (L2-normalised), v ``[B, N, HV, V]``, g (log decay) and
+        beta ``[B, N, HV]``; ``scale`` defaults to ``K ** -0.5``.
+        """
+        if not self.supports_trees and not tree.is_chain:
+            raise ValueError(f"strategy={self.name}: needs a chain, got a branching {tree.describe()}; "
+                             "its history buffer replays one contiguous token sequence. "
+                             "Use treewy or treewy_deferred for trees")
+        s = check_step(self._base(carry), q, k, v, g, beta, tree)
+        scale = s.K ** -0.5 if scale is None else float(scale)
+        return self._verify(carry, q, k, v, g, beta, tree, s, scale)
+
+    def commit(self, carry: Any, verified: Verified, accepted) -> Any:
+        """Advance the carry to each request's last accepted node (-1: none)."""
+        acc = check_accepted(accepted, verified.shape.B, verified.shape.N).to(verified.o.device)
+        return self._commit(carry, verified, acc)
+
+    @abstractmethod
+    def materialize(self, carry: Any) -> torch.Tensor:
+        """The committed recurrent state ``[B, HV, K, V]`` (computed if deferred)."""
+
+    # -- memory accounting --------------------------------------------------
+    def memory(self, shape: GDNShape, tree: DraftTree, state_dtype="bfloat16",
+               stash_dtype=None, conv_dtype="bfloat16") -> StateMemory:
+        """Bytes of GDN state one request holds while verifying ``tree``."""
+        pages, stash = self._footprint(tree)
+        return account(self.name, shape, tree, state_pages=pages, stash_tokens=stash,
+                       state_dtype=state_dtype, stash_dtype=stash_dtype, conv_dtype=conv_dtype)
+
+    # -- what each strategy fills in ----------------------------------------
+    @abstractmethod
+    def _base(self, carry: Any) -> torch.Tensor:
+        """A tensor shaped like the state, used to check the step's shapes."""
+
+    @abstractmethod
+    def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified: ...
+
+    @abstractmethod
+    def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> Any: ...
+
+    @abstractmethod
+    def _footprint(self, tree: DraftTree) -> tuple[int, int]:
+        """(full state pages, stash token slots) held per layer per request."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+_REGISTRY: dict[str, Callable[..., Strategy]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+#: Display order: the baseline first, then as ARCHITECTURE.md's table lists them.
+_ORDER = ("store_all", "replay", "treewy", "treewy_deferred")
+
+
+def names() -> list[str]:
+    """Registered strategy names, baseline first."""
+    return sorted(_REGISTRY, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+
+
+def get(name: str, **options) -> Strategy:
+    """A ready strategy instance; ``options`` are its keyword arguments (e.g. ``buffer_len``)."""
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"strategy={name!r}: unknown; choose one of {', '.join(names())}") from None
+    try:
+        return cls(**options)
+    except TypeError as e:
+        raise ValueError(f"strategy={name}: bad options {options}: {e}") from None
