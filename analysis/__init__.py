@@ -1,0 +1,1 @@
+"""Memory-bound classification, regime-split ratios, acceptance-length checks. Not built yet."""

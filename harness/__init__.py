@@ -1,0 +1,1 @@
+"""CommitBench orchestration: the CLI (``python -m harness``), configs, engines, benchmarks."""

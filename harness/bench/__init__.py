@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m harness bench <name>``. Ratios measured side by side in one run."""

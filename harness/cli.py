@@ -1,0 +1,75 @@
+"""``python -m harness <command> [hydra overrides...]``.
+
+Every command composes its config from ``conf/`` (``conf/<command>.yaml``) and
+takes Hydra overrides after it, e.g. ``python -m harness memory model=qwen35_397b``.
+Only commands that exist are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+# (command words, config name, one-line help, runner module:function)
+COMMANDS: list[tuple[tuple[str, ...], str, str, str]] = [
+    (("memory",), "memory",
+     "speculative GDN state per request for each strategy and draft shape (model=..., drafts=...)",
+     "harness.memory_table:run"),
+    (("bench", "strategies"), "bench_strategies",
+     "CPU micro-benchmark: each strategy's verify+commit time relative to store_all, and its state bytes",
+     "harness.bench.strategies:run"),
+]
+
+
+def _runner(target: str) -> Callable:
+    import importlib
+
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness",
+        description="CommitBench: how GDN state-commit strategies pay for speculative decoding.",
+        epilog="Overrides are Hydra's: key=value, group=option (e.g. model=qwen35_397b). "
+               "Configs live in conf/.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for words, config, help_text, target in COMMANDS:
+        if len(words) == 1:
+            p = sub.add_parser(words[0], help=help_text, description=help_text)
+        else:
+            if words[0] not in groups:
+                gp = sub.add_parser(words[0], help=f"{words[0]} " + "|".join(
+                    w[1] for w, *_ in COMMANDS if w[0] == words[0]))
+                groups[words[0]] = gp.add_subparsers(dest="subcommand", metavar="NAME", required=True)
+            p = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"overrides for conf/{config}.yaml")
+        p.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+        p.set_defaults(config=config, target=target)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "config", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    from .config import compose
+
+    try:
+        cfg = compose(args.config, args.overrides)
+        if args.cfg:
+            from omegaconf import OmegaConf
+            print(OmegaConf.to_yaml(cfg))
+            return 0
+        return int(_runner(args.target)(cfg) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,79 @@
+"""Hydra composition of ``conf/``: the one place run settings live.
+
+Each command has its primary config (``conf/<command>.yaml``) composed with the
+command line's overrides (``model=qwen35_397b draft=3,3,3``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from strategies import DraftTree
+
+from .model import ModelSpec
+
+ENV_CONF = "COMMITBENCH_CONF"
+
+
+def conf_dir() -> Path:
+    """The config tree: ``$COMMITBENCH_CONF``, else ``conf/`` beside the installed packages."""
+    env = os.environ.get(ENV_CONF)
+    if env:
+        path = Path(env)
+        if not (path / "model").is_dir():
+            raise FileNotFoundError(f"{ENV_CONF}={env}: no model/ folder there; point it at CommitBench's conf/")
+        return path.resolve()
+    path = Path(__file__).resolve().parents[1] / "conf"
+    if not (path / "model").is_dir():
+        raise FileNotFoundError(f"conf/ not found at {path}: install CommitBench from a checkout "
+                                f"with `pip install -e .`, or set {ENV_CONF} to its conf/ folder")
+    return path
+
+
+def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """``conf/<config_name>.yaml`` with Hydra overrides applied; errors name the bad override."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        try:
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
+        except HydraException as e:
+            groups = sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
+            msg = str(e).split("\nConfig search path")[0].strip()
+            raise ValueError(f"{' '.join(overrides) or config_name}: {msg}\n"
+                             f"Config groups: {', '.join(groups)} (see conf/)") from None
+
+
+def load_model(name_or_cfg: str | Any) -> ModelSpec:
+    """A model spec by name (``qwen35_35b``) or from an already composed ``model`` node."""
+    if isinstance(name_or_cfg, str):
+        path = conf_dir() / "model" / f"{name_or_cfg}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
+            raise ValueError(f"model={name_or_cfg}: no conf/model/{name_or_cfg}.yaml; choose one of {', '.join(known)}")
+        name_or_cfg = OmegaConf.load(path)
+    return ModelSpec.from_config(name_or_cfg)
+
+
+def parse_draft(spec: Any, root: bool = True) -> DraftTree:
+    """A draft shape from config: ``chain:3``/``k=3`` (a chain of 3 drafts), widths
+    ``3,3,3``/``[3, 3, 3]``, or an explicit ``parents:[-1,0,0]`` list."""
+    if isinstance(spec, (list, tuple, ListConfig)):
+        return DraftTree.from_widths([int(w) for w in spec], root=root)
+    text = str(spec).strip().replace(" ", "")
+    try:
+        if text.startswith(("chain:", "k=")):
+            return DraftTree.chain(int(text.split(":", 1)[-1].split("=", 1)[-1]), root=root)
+        if text.startswith("parents:"):
+            body = text.removeprefix("parents:").strip("[]()")
+            return DraftTree(tuple(int(p) for p in body.split(",")), has_root=False)
+        return DraftTree.from_widths([int(w) for w in text.strip("[]()").split(",")], root=root)
+    except ValueError as e:
+        if "invalid literal" in str(e):
+            raise ValueError(f"draft={spec!r}: not a draft shape; write chain:3, 3,3,3 or parents:[-1,0,0]") from None
+        raise ValueError(f"draft={spec!r}: {e}") from None

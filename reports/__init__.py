@@ -1,0 +1,1 @@
+"""HTML and PDF report builder. Not built yet."""
