@@ -1,0 +1,42 @@
+"""Shared test inputs: random GDN steps in the contract's layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strategies import DraftTree
+
+
+def make_step(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 8, V: int = 6,
+              dtype=torch.float64, seed: int = 0, g_range=(-2.0, 0.0), beta_range=(0.0, 1.0),
+              state_scale: float = 1.0):
+    """state [B,HV,K,V], q,k [B,N,H,K] (L2-normalised), v [B,N,HV,V], g,beta [B,N,HV]."""
+    gen = torch.Generator().manual_seed(seed)
+    N = tree.num_nodes
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    def u(lo, hi, *shape):
+        return lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+    q = torch.nn.functional.normalize(r(B, N, H, K), dim=-1)
+    k = torch.nn.functional.normalize(r(B, N, H, K), dim=-1)
+    v = r(B, N, HV, V)
+    g = u(*g_range, B, N, HV)
+    beta = u(*beta_range, B, N, HV)
+    state = state_scale * r(B, HV, K, V)
+    return tuple(t.to(dtype) for t in (state, q, k, v, g, beta))
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref| (computed in float64)."""
+    x, ref = x.double(), ref.double()
+    scale = ref.abs().max().clamp_min(1e-300)
+    return float((x - ref).abs().max() / scale)
+
+
+@pytest.fixture
+def step():
+    return make_step

@@ -1,0 +1,81 @@
+"""The CLI as users run it: ``python -m harness ...`` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import strategies
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def test_help_lists_the_commands_that_exist():
+    out = harness("--help")
+    assert out.returncode == 0, out.stderr
+    for word in ("memory", "bench"):
+        assert word in out.stdout
+    for missing in ("sweep", "report", "analyze"):  # not built yet: not advertised
+        assert missing not in out.stdout
+    sub = harness("bench", "--help")
+    assert sub.returncode == 0 and "strategies" in sub.stdout
+
+
+def test_memory_json_reproduces_the_paper_figures():
+    out = harness("memory", "model=qwen35_397b", "drafts=[[1,1,1]]", "state_dtypes=[bfloat16]", "format=json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["strategy"]: r for r in json.loads(out.stdout)}
+    assert set(rows) == set(strategies.names())
+    assert rows["store_all"]["recurrent_total_bytes"] == 360 * 2 ** 20
+    assert rows["treewy"]["recurrent_total_bytes"] == 90 * 2 ** 20
+    assert rows["store_all"]["state_pages"] == 4 and rows["treewy"]["state_pages"] == 1
+
+
+def test_memory_table_skips_replay_for_trees():
+    out = harness("memory", "drafts=[[3,3,3]]")
+    assert out.returncode == 0, out.stderr
+    assert "Qwen3.5-35B-A3B" in out.stdout and "3,3,3+root" in out.stdout
+    assert "1200.0" in out.stdout  # store_all: 40 bf16 snapshots of 30 MiB
+    assert "replay " not in out.stdout
+
+
+def test_bad_input_names_the_input_and_the_fix():
+    out = harness("memory", "model=qwen9")
+    assert out.returncode == 2
+    assert "model=qwen9" in out.stderr and "qwen35_35b" in out.stderr
+    out = harness("memory", "drafts=[banana]")
+    assert out.returncode == 2 and "draft='banana'" in out.stderr and "chain:3" in out.stderr
+    out = harness("memory", "format=yaml")
+    assert out.returncode == 2 and "format=yaml: must be table or json" in out.stderr
+
+
+def test_cfg_prints_the_composed_config():
+    out = harness("memory", "model=qwen35_9b", "--cfg")
+    assert out.returncode == 0 and "display_name: Qwen3.5-9B" in out.stdout
+
+
+def test_bench_strategies_small_run(tmp_path):
+    dest = tmp_path / "bench.json"
+    out = harness("bench", "strategies", "drafts=[chain:3,[2,2]]", "batch=2", "steps=2", "repeats=2",
+                  "warmup=0", f"out={dest}")
+    assert out.returncode == 0, out.stderr
+    assert "x store_all" in out.stdout
+    payload = json.loads(dest.read_text())
+    assert payload["engine"] == "torch-cpu-reference"
+    assert payload["provenance"]["torch"]
+    rows = payload["rows"]
+    by = {(r["draft"], r["strategy"]): r for r in rows}
+    assert {s for d, s in by if d.startswith("chain:3")} == set(strategies.names())
+    assert {s for d, s in by if d.startswith("2,2")} == {"store_all", "treewy", "treewy_deferred"}
+    for r in rows:
+        assert len(r["step_seconds_all"]) == 2 and r["step_seconds_median"] > 0
+        if r["strategy"] == "store_all":
+            assert r["vs_store_all"] == 1.0
+    assert by[("chain:3 (N=3)", "store_all")]["speculative_bytes"] == 3 * 30 * 2 * 2 ** 20  # 3 fp32 snapshots
