@@ -39,18 +39,17 @@ def run(cfg: DictConfig) -> int:
         return 0
     if cfg.format != "table":
         raise ValueError(f"format={cfg.format}: must be table or json")
-    from rich.console import Console
-    from rich.table import Table
+    from .console import console as make_console, table as make_table
 
     model = load_model(cfg.model)
     shape = model.gdn_shape()
-    console = Console()
+    console = make_console()
     console.print(f"[bold]{model.display_name}[/]: {shape.num_layers} GDN layers, HV={shape.num_value_heads} "
                   f"H={shape.num_key_heads} K={shape.key_head_dim} V={shape.value_head_dim}; "
                   f"vLLM holds the state in {model.state_dtype}")
-    table = Table(title="GDN state per request, all GDN layers (MiB)", show_lines=False)
-    for col in ("draft", "strategy", "dtype", "pages", "recurrent", "stash", "conv", "spec.", "total"):
-        table.add_column(col, justify="left" if col in ("draft", "strategy", "dtype") else "right")
+    table = make_table("GDN state per request, all GDN layers (MiB)",
+                       ["draft", "strategy", "dtype", "pages", "recurrent", "stash", "conv", "spec.", "total"],
+                       left=3)
     last_draft = None
     for r in rows:
         draft = r["draft_label"] if r["draft_label"] != last_draft else ""

@@ -107,14 +107,13 @@ def bench_draft(cfg: DictConfig, spec: Any, shape: GDNShape, state_dtype: str) -
 
 
 def run(cfg: DictConfig) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    from ..console import console as make_console, table as make_table
 
     if int(cfg.threads) > 0:
         torch.set_num_threads(int(cfg.threads))
     model = load_model(cfg.model)
     shape = model.gdn_shape()
-    console = Console()
+    console = make_console()
     console.print(f"[bold]bench strategies[/]: torch reference on the CPU ({torch.get_num_threads()} threads), "
                   f"{cfg.dtype}, batch {cfg.batch}, one GDN layer of {model.display_name} "
                   f"(H={shape.num_key_heads} HV={shape.num_value_heads} K={shape.key_head_dim} "
@@ -127,10 +126,9 @@ def run(cfg: DictConfig) -> int:
         rows += part
         console.print(f"  [{i}/{len(cfg.drafts)}] {part[0]['draft']}: {time.perf_counter() - t0:.1f} s "
                       f"(elapsed {time.perf_counter() - started:.0f} s)")
-    table = Table(title=f"verify+commit per step vs store_all; speculative state per request "
-                        f"(all {shape.num_layers} GDN layers, {model.state_dtype})")
-    for col in ("draft", "strategy", "ms/step", "x store_all", "flushes/step", "spec. state MiB"):
-        table.add_column(col, justify="left" if col in ("draft", "strategy") else "right")
+    table = make_table(f"verify+commit per step vs store_all; speculative state per request "
+                       f"(all {shape.num_layers} GDN layers, {model.state_dtype})",
+                       ["draft", "strategy", "ms/step", "x store_all", "flushes/step", "spec. state MiB"], left=2)
     last = None
     for r in rows:
         label = r["draft"] if r["draft"] != last else ""
