@@ -102,6 +102,19 @@ class Strategy(ABC):
         return f"{type(self).__name__}()"
 
 
+class CommittedState(Strategy):
+    """A strategy whose carry is the committed state ``[B, HV, K, V]`` itself."""
+
+    def start(self, state: torch.Tensor) -> torch.Tensor:
+        return state
+
+    def _base(self, carry: torch.Tensor) -> torch.Tensor:
+        return carry
+
+    def materialize(self, carry: torch.Tensor) -> torch.Tensor:
+        return carry
+
+
 _REGISTRY: dict[str, Callable[..., Strategy]] = {}
 
 

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .base import Strategy
 from .inputs import compute_dtype, expand_heads
 from .treewy import rebuild
+
+#: ReplaySSM's default buffer length (vLLM's ``replayssm_buffer_len``), in tokens.
+DEFAULT_BUFFER_LEN = 16
 
 
 @dataclass
@@ -96,3 +100,24 @@ class History:
             buf[rows] = 0
         self.length = torch.where(rows, 0, self.length)
         self.flushes = self.flushes + rows.long()
+
+
+class DeferredFlush(Strategy):
+    """A strategy whose carry is a :class:`History` of ``buffer_len`` tokens."""
+
+    def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN):
+        if int(buffer_len) < 1:
+            raise ValueError(f"buffer_len={buffer_len}: must be >= 1 token")
+        self.buffer_len = int(buffer_len)
+
+    def start(self, state: torch.Tensor) -> History:
+        return History.start(state, self.buffer_len)
+
+    def _base(self, carry: History) -> torch.Tensor:
+        return carry.checkpoint
+
+    def materialize(self, carry: History) -> torch.Tensor:
+        return carry.current().to(carry.checkpoint.dtype)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(buffer_len={self.buffer_len})"

@@ -12,32 +12,18 @@ from __future__ import annotations
 
 import torch
 
-from .base import Strategy, Verified, register
-from .history import History
+from .base import Verified, register
+from .history import DeferredFlush, History
 from .inputs import StepShape, compute_dtype, expand_heads
 from .recurrence import delta_rule_step
 from .tree import DraftTree
 
-#: ReplaySSM's default buffer length (vLLM's ``replayssm_buffer_len``), in tokens.
-DEFAULT_BUFFER_LEN = 16
-
 
 @register("replay")
-class Replay(Strategy):
+class Replay(DeferredFlush):
     """Carry: :class:`History`. Stash: ``u [B, N, HV, V]``, ``k [B, N, H, K]``, ``g [B, N, HV]``."""
 
     supports_trees = False
-
-    def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN):
-        if int(buffer_len) < 1:
-            raise ValueError(f"buffer_len={buffer_len}: must be >= 1 token")
-        self.buffer_len = int(buffer_len)
-
-    def start(self, state: torch.Tensor) -> History:
-        return History.start(state, self.buffer_len)
-
-    def _base(self, carry: History) -> torch.Tensor:
-        return carry.checkpoint
 
     def _verify(self, carry: History, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         # The draft is staged in the ring behind the history, so it must fit there.
@@ -59,11 +45,5 @@ class Replay(Strategy):
         st = verified.stash
         return carry.commit_path(path, accepted + 1, st["u"], st["k"], st["g"], reserve=N)
 
-    def materialize(self, carry: History) -> torch.Tensor:
-        return carry.current().to(carry.checkpoint.dtype)
-
     def _footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, self.buffer_len
-
-    def __repr__(self) -> str:
-        return f"Replay(buffer_len={self.buffer_len})"

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from .base import Strategy, Verified, register
+from .base import CommittedState, Verified, register
 from .inputs import StepShape, compute_dtype, expand_heads
 from .recurrence import accepted_state, delta_rule_step
 from .tree import DraftTree
 
 
 @register("store_all")
-class StoreAll(Strategy):
+class StoreAll(CommittedState):
     """Carry: the committed state ``[B, HV, K, V]``. Stash: ``states [B, N, HV, K, V]``."""
-
-    def start(self, state: torch.Tensor) -> torch.Tensor:
-        return state
-
-    def _base(self, carry: torch.Tensor) -> torch.Tensor:
-        return carry
 
     def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         dt = compute_dtype(carry.dtype)
@@ -46,9 +40,6 @@ class StoreAll(Strategy):
 
     def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> torch.Tensor:
         return accepted_state(carry, verified.stash["states"], accepted)
-
-    def materialize(self, carry: torch.Tensor) -> torch.Tensor:
-        return carry
 
     def _footprint(self, tree: DraftTree) -> tuple[int, int]:
         return tree.num_drafts + 1, 0

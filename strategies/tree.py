@@ -145,7 +145,8 @@ class DraftTree:
     def _check_node(self, node: int, allow_none: bool = False) -> None:
         lo = -1 if allow_none else 0
         if not lo <= node < self.num_nodes:
-            raise IndexError(f"node={node}: must be in [{lo}, {self.num_nodes - 1}] for this {self.num_nodes}-node tree")
+            raise IndexError(f"node={node}: must be in [{lo}, {self.num_nodes - 1}] "
+                             f"for this {self.num_nodes}-node tree")
 
     @cached_property
     def widths(self) -> tuple[int, ...] | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Strategy, Verified, register
+from .base import CommittedState, Verified, register
 from .inputs import StepShape, compute_dtype, expand_heads
 from .tree import DraftTree
 
@@ -74,15 +74,9 @@ def rebuild_accepted(h0: torch.Tensor, kh: torch.Tensor, v_tilde: torch.Tensor, 
 
 
 @register("treewy")
-class TreeWY(Strategy):
+class TreeWY(CommittedState):
     """Carry: the committed state ``[B, HV, K, V]``.
     Stash: ``v_tilde [B, N, HV, V]``, ``k [B, N, H, K]``, ``G [B, N, HV]``."""
-
-    def start(self, state: torch.Tensor) -> torch.Tensor:
-        return state
-
-    def _base(self, carry: torch.Tensor) -> torch.Tensor:
-        return carry
 
     def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         dt = compute_dtype(carry.dtype)
@@ -96,9 +90,6 @@ class TreeWY(Strategy):
         h = rebuild_accepted(carry.to(dt), expand_heads(st["k"], verified.shape.HV).to(dt),
                              st["v_tilde"], st["G"], verified.tree, accepted)
         return h.to(carry.dtype)
-
-    def materialize(self, carry: torch.Tensor) -> torch.Tensor:
-        return carry
 
     def _footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, tree.num_nodes

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import Strategy, Verified, register
-from .history import History
+from .base import Verified, register
+from .history import DeferredFlush, History
 from .inputs import StepShape, compute_dtype, expand_heads
-from .replay import DEFAULT_BUFFER_LEN
 from .tree import DraftTree
 from .treewy import tree_wy
 
@@ -33,19 +32,8 @@ def path_table(tree: DraftTree, device=None) -> tuple[torch.Tensor, torch.Tensor
 
 
 @register("treewy_deferred")
-class TreeWYDeferred(Strategy):
+class TreeWYDeferred(DeferredFlush):
     """Carry: :class:`History`. Stash: ``v_tilde [B, N, HV, V]``, ``k [B, N, H, K]``, ``g [B, N, HV]``."""
-
-    def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN):
-        if int(buffer_len) < 1:
-            raise ValueError(f"buffer_len={buffer_len}: must be >= 1 token")
-        self.buffer_len = int(buffer_len)
-
-    def start(self, state: torch.Tensor) -> History:
-        return History.start(state, self.buffer_len)
-
-    def _base(self, carry: History) -> torch.Tensor:
-        return carry.checkpoint
 
     def _verify(self, carry: History, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         # Only the accepted path enters the buffer; the tree's own stash is separate.
@@ -63,11 +51,5 @@ class TreeWYDeferred(Strategy):
         st = verified.stash
         return carry.commit_path(paths[a], count, st["v_tilde"], st["k"], st["g"], reserve=tree.path_length)
 
-    def materialize(self, carry: History) -> torch.Tensor:
-        return carry.current().to(carry.checkpoint.dtype)
-
     def _footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, tree.num_nodes + self.buffer_len
-
-    def __repr__(self) -> str:
-        return f"TreeWYDeferred(buffer_len={self.buffer_len})"

@@ -172,7 +172,7 @@ def test_bfloat16_runs_and_stays_close():
 
 # -- bad inputs ----------------------------------------------------------------
 
-def _args(tree=DraftTree.chain(3), **kw):
+def _args(tree, **kw):
     return list(make_step(tree, B=2, H=2, HV=4, K=8, V=6, **kw))
 
 

@@ -86,7 +86,7 @@ def bench_draft(cfg: DictConfig, spec: Any, shape: GDNShape, state_dtype: str) -
     flushes: dict[str, int] = {}
     with torch.inference_mode():
         for _ in range(int(cfg.warmup)):
-            for name, (strat, _) in runs.items():
+            for strat, _ in runs.values():
                 _timed_run(strat, state, steps, tree)
         for _ in range(int(cfg.repeats)):
             for name, (strat, _) in runs.items():
