@@ -13,6 +13,10 @@ from typing import Any, Mapping
 
 from strategies import GDNShape, as_dtype, dtype_bytes
 
+#: ``model_type`` of each family's language model, as vLLM / transformers name it.
+FAMILIES = {"Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe_text",
+            "Qwen3_5ForConditionalGeneration": "qwen3_5_text"}
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -31,9 +35,17 @@ class ModelSpec:
     attention: Mapping[str, Any]
     mlp: Mapping[str, Any]
     mtp: Mapping[str, Any]
-    params_published: float
-    active_params_published: float
+    params_published: float | None
+    active_params_published: float | None
     model_type: str = ""
+
+    @classmethod
+    def from_yaml(cls, path) -> "ModelSpec":
+        """From a ``conf/model/*.yaml`` file with PyYAML only (the engine side has no Hydra)."""
+        import yaml
+
+        with open(path) as f:
+            return cls.from_config(yaml.safe_load(f))
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "ModelSpec":
@@ -54,6 +66,8 @@ class ModelSpec:
         if self.num_layers // self.full_attention_interval != a:
             raise ValueError(f"model={self.name}: full_attention_interval={self.full_attention_interval} "
                              f"gives {self.num_layers // self.full_attention_interval} attention layers, not {a}")
+        if self.architecture not in FAMILIES:
+            raise ValueError(f"model={self.name}: architecture={self.architecture!r}; supported: {', '.join(FAMILIES)}")
         if self.mlp.get("kind") not in ("dense", "moe"):
             raise ValueError(f"model={self.name}: mlp.kind={self.mlp.get('kind')!r}; must be dense or moe")
         as_dtype(self.gdn["state_dtype"])

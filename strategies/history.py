@@ -89,6 +89,11 @@ class History:
         self._flush(self.length + reserve > self.capacity)
         return self
 
+    def make_room(self, tokens: int) -> "History":
+        """Flush the rows whose buffer cannot take ``tokens`` more (a bigger step than planned for)."""
+        self._flush(self.length + tokens > self.capacity)
+        return self
+
     def _flush(self, rows: torch.Tensor) -> None:
         """Write the checkpoint of ``rows`` (bool ``[B]``) and empty their buffers."""
         if not bool(rows.any()):

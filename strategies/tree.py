@@ -64,9 +64,12 @@ class DraftTree:
 
     @classmethod
     def chain(cls, length: int, root: bool = False) -> "DraftTree":
-        """A chain of ``length`` drafts (``from_widths((1,) * length, root)``)."""
+        """A chain of ``length`` drafts (``from_widths((1,) * length, root)``); with ``root``,
+        ``length=0`` is the root alone (an engine step that got no drafts)."""
+        if length == 0 and root:
+            return cls((-1,), has_root=True)
         if length < 1:
-            raise ValueError(f"chain length={length}: must be >= 1")
+            raise ValueError(f"chain length={length}: must be >= 1 (or 0 with root=True)")
         return cls.from_widths((1,) * length, root=root)
 
     # -- structure ----------------------------------------------------------

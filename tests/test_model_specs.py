@@ -47,6 +47,18 @@ def test_inconsistent_spec_is_refused():
     from harness.config import conf_dir
 
     cfg = OmegaConf.load(conf_dir() / "model" / "qwen35_35b.yaml")
+    cfg.architecture = "LlamaForCausalLM"
+    with pytest.raises(ValueError, match="architecture='LlamaForCausalLM'; supported"):
+        load_model(cfg)
+    cfg.architecture = "Qwen3_5MoeForConditionalGeneration"
     cfg.gdn.num_layers = 29
     with pytest.raises(ValueError, match=r"gdn.num_layers=29 \+ attention.num_layers=10 != num_layers=40"):
         load_model(cfg)
+
+
+def test_every_spec_loads_with_pyyaml_alone():
+    from harness.config import conf_dir
+    from harness.model import ModelSpec
+
+    for path in sorted((conf_dir() / "model").glob("*.yaml")):
+        assert ModelSpec.from_yaml(path) == load_model(path.stem)

@@ -1,0 +1,1 @@
+"""Engines that run one sweep point: the embedded simulator and real vLLM. Imports nothing heavy."""

