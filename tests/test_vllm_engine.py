@@ -179,3 +179,21 @@ def _first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None
     for x, y in zip(a, b):
         out.append(next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None))
     return out
+
+
+def test_matrix_keeps_going_past_a_failed_run(tmp_path):
+    """The device runner: every run in a fresh process; a failure is recorded, the next run starts."""
+    plan = {"defaults": {"model": "tiny_qwen3_next", "num_spec": 2, "max_model_len": 256, "eager": True,
+                         "kv_cache_bytes": 32 << 20, "skip_generate": True, "prompt_len": 64, "output_len": 64},
+            "runs": [{"name": "bad", "strategy": "treewy", "acceptance_rates": [0.9, 0.95]},  # increasing: refused
+                     {"name": "ok", "strategy": "treewy"}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, "-m", "harness.engines.vllm.matrix", str(tmp_path / "plan.json"),
+                           str(tmp_path / "out"), "--timeout", "300"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = {s["name"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())}
+    assert summary["bad"]["rc"] == 2 and summary["bad"]["failure"] == "exit 2"
+    assert summary["ok"]["rc"] == 0 and any("Maximum concurrency" in ln for ln in summary["ok"]["vllm_log"])
+    result = json.loads((tmp_path / "out" / "ok.json").read_text())
+    assert result["kv_cache"]["blocks_per_request"] == 1 + 2 * 1  # one attention block + 2 GDN groups x 1 page

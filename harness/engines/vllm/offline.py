@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             "total_throughput_tok_s": (n_out + args.prompts * args.prompt_len) / elapsed,
             "scheduler": sampler.summary(), "spec_decode": spec_counters(llm),
         })
+        from .plugin import _STALE
+        result["plugin"] = {"uncommitted_reads": _STALE["rows"]}
         if args.tokens:
             result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
             if args.logprobs:

@@ -149,7 +149,10 @@ class PagedCommit:
             if n_tok == 0:
                 continue
             rows = [i for i, n in enumerate(lens) if n == n_tok]
-            tok = torch.cat([torch.arange(cu_seqlens[i], cu_seqlens[i] + n_tok) for i in rows]).to(q.device)
+            if len(rows) == len(lens):  # the common case: every row verifies k + 1 tokens
+                tok = torch.arange(cu_seqlens[0], cu_seqlens[-1], device=q.device)
+            else:
+                tok = torch.cat([torch.arange(cu_seqlens[i], cu_seqlens[i] + n_tok) for i in rows]).to(q.device)
             rows_t = torch.tensor(rows, device=q.device)
             pages = slots[rows_t].long()
             B = len(rows)

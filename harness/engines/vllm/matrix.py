@@ -1,0 +1,110 @@
+"""Run a list of offline vLLM configurations, each in a fresh process, and keep every outcome.
+
+    python -m harness.engines.vllm.matrix PLAN.json OUT_DIR [--only NAME ...] [--timeout 420]
+
+PLAN.json: ``{"defaults": {...}, "runs": [{"name": ..., "model": "qwen35_35b", ...}, ...]}``;
+each run's keys are :mod:`harness.engines.vllm.offline` options (``num_spec``, ``gmu``,
+``strategy``, ...); ``model`` names ``conf/model/<model>.yaml``, written as a model dir under
+``OUT_DIR/models``; ``env`` (plan-wide or per run) adds environment variables; a ``probe_dir``
+becomes ``OUT_DIR/probe-<name>``. Per run: ``<name>.json`` (the result), ``<name>.log`` (vLLM's output) and a
+line in ``summary.json`` (return code, wall time, vLLM's own KV-cache log lines). A run that
+fails or hangs is recorded and the next one starts: its process group is killed on timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...model import ModelSpec
+from .model_dir import write
+
+ROOT = Path(__file__).resolve().parents[3]
+KV_LINES = re.compile(r"(KV cache size|Maximum concurrency|attention block size|Padding mamba page|"
+                      r"commitbench|Available KV cache memory|num_gpu_blocks)", re.I)
+
+
+def to_argv(run: dict[str, Any], model_dir: Path, out: Path) -> list[str]:
+    argv = ["--model-dir", str(model_dir), "--out", str(out)]
+    for key, value in run.items():
+        if key in ("name", "model", "env") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, ",".join(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def run_one(run: dict[str, Any], out_dir: Path, timeout: float, env_extra: dict[str, str]) -> dict[str, Any]:
+    name = run["name"]
+    if run.get("probe_dir"):  # probes live beside the results
+        run = {**run, "probe_dir": str(out_dir / f"probe-{name}")}
+    env_extra = {**env_extra, **{k: str(v) for k, v in run.get("env", {}).items()}}
+    model_dir = out_dir / "models" / run["model"]
+    if not (model_dir / "config.json").exists():
+        write(ModelSpec.from_yaml(ROOT / "conf" / "model" / f"{run['model']}.yaml"), model_dir)
+    argv = [sys.executable, "-m", "harness.engines.vllm.offline", *to_argv(run, model_dir, out_dir / f"{name}.json")]
+    log_path = out_dir / f"{name}.log"
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        log.write(" ".join(argv) + "\n")
+        log.flush()
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **env_extra})
+        try:
+            rc = proc.wait(timeout=timeout)
+            reason = None if rc == 0 else f"exit {rc}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc, reason = -9, f"timeout after {timeout:.0f} s"
+    text = log_path.read_text(errors="replace")
+    lines = [ln.strip()[:300] for ln in text.splitlines() if KV_LINES.search(ln)]
+    err = [ln.strip()[:300] for ln in text.splitlines() if "Error" in ln and "Tokenizer" not in ln][-3:]
+    return {"name": name, "rc": rc, "failure": reason, "wall_s": round(time.time() - t0, 1),
+            "vllm_log": lines[-12:], "errors": err if rc else []}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.engines.vllm.matrix", description=__doc__.split("\n")[0])
+    p.add_argument("plan")
+    p.add_argument("out_dir")
+    p.add_argument("--only", nargs="*", default=None, help="run only these names")
+    p.add_argument("--timeout", type=float, default=420.0, help="seconds per run before its process group is killed")
+    args = p.parse_args(argv)
+    plan = json.loads(Path(args.plan).read_text())
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = out_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else []
+    runs = [{**plan.get("defaults", {}), **r} for r in plan["runs"]]
+    unknown = set(args.only or ()) - {r["name"] for r in runs}
+    if unknown:
+        p.error(f"--only {sorted(unknown)}: not in {args.plan}")
+    env_extra = {k: str(v) for k, v in plan.get("env", {}).items()}
+    for run in runs:
+        if args.only and run["name"] not in args.only:
+            continue
+        print(f"[matrix] {run['name']} ...", flush=True)
+        res = run_one(run, out_dir, args.timeout, env_extra)
+        summary = [s for s in summary if s["name"] != run["name"]] + [res]
+        summary_path.write_text(json.dumps(summary, indent=2))
+        print(f"[matrix] {run['name']}: rc={res['rc']} in {res['wall_s']} s "
+              f"{'; '.join(res['vllm_log'][-2:])}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
