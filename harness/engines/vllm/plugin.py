@@ -261,8 +261,10 @@ def _spec_step(layer, name, buffer_len, ssm_kv_major, q, k, v, a, b, A_log, dt_b
     return o
 
 
-def _reset_prefill_rows(layer, name, buffer_len, meta, ssm_kv_major) -> None:
-    """Prefill (re)wrote these pages' states: whatever their stash held is stale."""
+def _reset_prefill_rows(layer, name, buffer_len, meta, ssm_view) -> None:
+    """Prefill (re)wrote these pages' states: whatever their stash held is stale.
+    ``ssm_view()``: the pages as [P, HV, K, V] (called only when needed: the profiling run's
+    layers have no KV cache yet)."""
     if meta is None or not getattr(meta, "num_prefills", 0):
         return
     st = _layer_state(layer, name, buffer_len)
@@ -276,6 +278,7 @@ def _reset_prefill_rows(layer, name, buffer_len, meta, ssm_kv_major) -> None:
         return
     if st.paged is not None:
         st.paged.reset(st.caches()[3], slots)
+    ssm_kv_major = ssm_view() if st.shadows else None
     for key in st.shadows:  # a shadow starts from the state prefill just wrote
         paged, sh_ssm, _, sh_header = st.shadow_pages(key, ssm_kv_major)
         rows = slots[slots >= 0].long()
@@ -340,8 +343,8 @@ def _install_cuda_hooks(name: str, buffer_len: int) -> None:
             return core_fn(self, *args, **kwargs)
         finally:
             _current_layer.reset(token)
-            kv = self.kv_cache
-            _reset_prefill_rows(self, name, buffer_len, _layer_metadata(self), kv[1].transpose(-1, -2))
+            _reset_prefill_rows(self, name, buffer_len, _layer_metadata(self),
+                                lambda: self.kv_cache[1].transpose(-1, -2))
 
     @functools.wraps(kernel)
     def fused_update(*args, **kwargs):
@@ -386,7 +389,7 @@ def _install_cpu_hooks(name: str, buffer_len: int) -> None:
             return spec_aware(layer, attn_metadata_i, *args, **kwargs)
         finally:
             _current_layer.reset(token)
-            _reset_prefill_rows(layer, name, buffer_len, attn_metadata_i, mod._ssm_state_view(layer))
+            _reset_prefill_rows(layer, name, buffer_len, attn_metadata_i, lambda: mod._ssm_state_view(layer))
 
     @functools.wraps(kernel)
     def spec_update(*args, **kwargs):
