@@ -130,6 +130,7 @@ def _install_strategy(name: str, buffer_len: int) -> None:
 
     MambaStateShapeCalculator.gated_delta_net_state_shape = classmethod(state_shape)
     MambaStateDtypeCalculator.gated_delta_net_state_dtype = classmethod(state_dtype)
+    _hide_stash_from_layer_helpers()
 
     spec_fn = abstract.MambaBase.get_kv_cache_spec
 
@@ -163,6 +164,40 @@ def _install_strategy(name: str, buffer_len: int) -> None:
 
     gdn_attn.GDNAttentionMetadataBuilder.build = build
     log.info("commitbench: GDN state commit strategy %s (one page per request, buffer_len=%d)", name, buffer_len)
+
+
+_two_states: contextvars.ContextVar[bool] = contextvars.ContextVar("commitbench_two_states", default=False)
+
+#: Qwen GDN methods that unpack get_state_dtype()/get_state_shape() as exactly (conv, ssm).
+_TWO_STATE_METHODS = ("_warmup_prefill_kernels", "_fused_gdn_decode_unsupported_reason")
+
+
+def _hide_stash_from_layer_helpers() -> None:
+    """The page now holds (conv, ssm, stash, header); the layer's own helpers that unpack
+    ``(conv, ssm)`` see only those two while they run."""
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as mod
+
+    cls = mod.QwenGatedDeltaNetAttention
+    for attr in ("get_state_dtype", "get_state_shape"):
+        fn = getattr(cls, attr)
+
+        def two(self, *a, _fn=fn, **kw):
+            out = _fn(self, *a, **kw)
+            return tuple(out)[:2] if _two_states.get() else out
+
+        setattr(cls, attr, functools.wraps(fn)(two))
+    for attr in _TWO_STATE_METHODS:
+        if hasattr(cls, attr):
+            fn = getattr(cls, attr)
+
+            def scoped(self, *a, _fn=fn, **kw):
+                token = _two_states.set(True)
+                try:
+                    return _fn(self, *a, **kw)
+                finally:
+                    _two_states.reset(token)
+
+            setattr(cls, attr, functools.wraps(fn)(scoped))
 
 
 def _is_qwen_gdn(layer) -> bool:
