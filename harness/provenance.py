@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from datetime import datetime, timezone
@@ -11,7 +12,10 @@ from typing import Any
 
 
 def git_commit(repo: Path | None = None) -> str | None:
-    """HEAD of the checkout CommitBench runs from, with ``-dirty`` when it has local changes."""
+    """HEAD of the checkout CommitBench runs from, with ``-dirty`` when it has local changes;
+    ``$COMMITBENCH_GIT_COMMIT`` where the code travelled without its .git (the GPU host)."""
+    if os.environ.get("COMMITBENCH_GIT_COMMIT"):
+        return os.environ["COMMITBENCH_GIT_COMMIT"]
     repo = repo or Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
