@@ -79,7 +79,7 @@ class Strategy(ABC):
     def memory(self, shape: GDNShape, tree: DraftTree, state_dtype="bfloat16",
                stash_dtype=None, conv_dtype="bfloat16") -> StateMemory:
         """Bytes of GDN state one request holds while verifying ``tree``."""
-        pages, stash = self._footprint(tree)
+        pages, stash = self.footprint(tree)
         return account(self.name, shape, tree, state_pages=pages, stash_tokens=stash,
                        state_dtype=state_dtype, stash_dtype=stash_dtype, conv_dtype=conv_dtype)
 
@@ -95,7 +95,7 @@ class Strategy(ABC):
     def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> Any: ...
 
     @abstractmethod
-    def _footprint(self, tree: DraftTree) -> tuple[int, int]:
+    def footprint(self, tree: DraftTree) -> tuple[int, int]:
         """(full state pages, stash token slots) held per layer per request."""
 
     def __repr__(self) -> str:

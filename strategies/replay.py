@@ -45,5 +45,5 @@ class Replay(DeferredFlush):
         st = verified.stash
         return carry.commit_path(path, accepted + 1, st["u"], st["k"], st["g"], reserve=N)
 
-    def _footprint(self, tree: DraftTree) -> tuple[int, int]:
+    def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, self.buffer_len

@@ -41,5 +41,5 @@ class StoreAll(CommittedState):
     def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> torch.Tensor:
         return accepted_state(carry, verified.stash["states"], accepted)
 
-    def _footprint(self, tree: DraftTree) -> tuple[int, int]:
+    def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return tree.num_drafts + 1, 0

@@ -91,5 +91,5 @@ class TreeWY(CommittedState):
                              st["v_tilde"], st["G"], verified.tree, accepted)
         return h.to(carry.dtype)
 
-    def _footprint(self, tree: DraftTree) -> tuple[int, int]:
+    def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, tree.num_nodes

@@ -51,5 +51,5 @@ class TreeWYDeferred(DeferredFlush):
         st = verified.stash
         return carry.commit_path(paths[a], count, st["v_tilde"], st["k"], st["g"], reserve=tree.path_length)
 
-    def _footprint(self, tree: DraftTree) -> tuple[int, int]:
+    def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, tree.num_nodes + self.buffer_len

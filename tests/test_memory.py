@@ -27,12 +27,12 @@ def test_paper_state_sizes(model, state_mib, fp32_mib, store_all_mib):
 
 def test_snapshot_blocks_chain_vs_tree():
     store = strategies.get("store_all")
-    assert store._footprint(CHAIN3)[0] == 4
-    assert store._footprint(TREE333)[0] == 40
+    assert store.footprint(CHAIN3)[0] == 4
+    assert store.footprint(TREE333)[0] == 40
     # Without the root convention the count is the same: committed state + one per draft.
-    assert store._footprint(DraftTree.from_widths((1, 1, 1)))[0] == 4
+    assert store.footprint(DraftTree.from_widths((1, 1, 1)))[0] == 4
     for name in ("replay", "treewy", "treewy_deferred"):
-        assert strategies.get(name)._footprint(CHAIN3)[0] == 1
+        assert strategies.get(name).footprint(CHAIN3)[0] == 1
 
 
 def test_stash_and_buffer_bytes_by_hand():

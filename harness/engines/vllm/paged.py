@@ -73,7 +73,7 @@ class StashLayout:
     @property
     def slots(self) -> int:
         """Token slots, exactly as the strategy's memory accounting counts them."""
-        return self.strategy_obj._footprint(DraftTree.chain(self.num_spec, root=True))[1]
+        return self.strategy_obj.footprint(DraftTree.chain(self.num_spec, root=True))[1]
 
     def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return (self.slots, self.width), (HEADER,)
