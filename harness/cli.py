@@ -16,9 +16,18 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str]] = [
     (("memory",), "memory",
      "speculative GDN state per request for each strategy and draft shape (model=..., drafts=...)",
      "harness.memory_table:run"),
+    (("workloads", "describe"), "workloads_describe",
+     "a workload's request count, length percentiles and histograms (workload=sharegpt|spec_bench|...)",
+     "harness.workloads_cli:describe"),
+    (("workloads", "build-tokenizer"), "workloads_build_tokenizer",
+     "retrain the bundled fallback BPE tokenizer from the ShareGPT package",
+     "harness.workloads_cli:build_tokenizer"),
     (("bench", "strategies"), "bench_strategies",
      "CPU micro-benchmark: each strategy's verify+commit time relative to store_all, and its state bytes",
      "harness.bench.strategies:run"),
+    (("bench", "workloads"), "bench_workloads",
+     "time loading the whole ShareGPT package, cold and from the cache",
+     "harness.workloads_cli:bench"),
 ]
 
 
