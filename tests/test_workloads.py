@@ -327,3 +327,18 @@ def test_describe_json_and_table():
 def test_describe_burstgpt_without_a_file_says_where_to_put_it():
     out = _cli("workloads", "describe", "workload=burstgpt")
     assert out.returncode == 2 and "BurstGPT_1.csv" in out.stderr and "workload.path" in out.stderr
+
+
+def test_a_model_tokenizer_on_disk_is_used_and_named(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from workloads.tokens import BundledBPE
+
+    bundled = BundledBPE()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bundled._tok)
+    fast.save_pretrained(tmp_path / "my-model")
+    reqs, report = workloads.build(conf("spec_bench", tokenizer=str(tmp_path / "my-model"))).requests()
+    assert report.tokenizer == "hf:my-model"
+    ref, ref_report = workloads.build(conf("spec_bench")).requests()
+    assert [r.prompt_len for r in reqs] == [r.prompt_len for r in ref]  # same merges, same counts
+    with pytest.raises(FileNotFoundError, match="tokenizer=.*nowhere: no such directory"):
+        workloads.build(conf("spec_bench", tokenizer=str(tmp_path / "nowhere"))).requests()
