@@ -1,1 +1,1 @@
-"""Memory-bound classification, regime-split ratios, acceptance-length checks. Not built yet."""
+"""Per-point metrics, memory-bound classification and regime-split ratios (engine-independent)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.engines.vllm.kv_plan import plan
+from harness.engines.kv_plan import plan
 from harness.engines.vllm.model_dir import write
 from harness.engines.vllm.paged import StashLayout
 from harness.model import ModelSpec

@@ -1,0 +1,65 @@
+"""Per-point serving metrics from per-request records, as ``vllm bench serve`` reports them.
+
+Input: the records of one point (dicts or objects with ``arrival_s``, ``first_token_s``,
+``finish_s``, ``prompt_len``, ``output_tokens``, ``error``). Seconds and tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+
+def _get(r, key):
+    return r[key] if isinstance(r, Mapping) else getattr(r, key)
+
+
+def point_metrics(records: Iterable, telemetry: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Throughput (output, total, requests/s), TTFT mean/p50/p99, TPOT mean/p50/p99, E2E mean/p99,
+    plus what the telemetry says (acceptance length, peak KV usage, preemptions, ...)."""
+    recs = list(records)
+    ok = [r for r in recs if _get(r, "error") is None and _get(r, "finish_s") is not None]
+    out: dict[str, Any] = {"requests": len(recs), "completed": len(ok), "failed": len(recs) - len(ok)}
+    if ok:
+        arrival = np.array([_get(r, "arrival_s") for r in ok])
+        first = np.array([np.nan if _get(r, "first_token_s") is None else _get(r, "first_token_s") for r in ok])
+        finish = np.array([_get(r, "finish_s") for r in ok])
+        n_out = np.array([_get(r, "output_tokens") for r in ok])
+        n_in = np.array([_get(r, "prompt_len") for r in ok])
+        span = float(finish.max() - arrival.min())
+        ttft = first - arrival
+        e2e = finish - arrival
+        tpot = np.where(n_out > 1, (finish - first) / np.maximum(n_out - 1, 1), np.nan)
+        out.update({
+            "duration_s": span,
+            "output_throughput": float(n_out.sum() / span) if span > 0 else None,
+            "total_throughput": float((n_out.sum() + n_in.sum()) / span) if span > 0 else None,
+            "request_throughput": float(len(ok) / span) if span > 0 else None,
+            **_dist("ttft", ttft), **_dist("tpot", tpot), **_dist("e2e", e2e),
+        })
+    if telemetry:
+        spec = telemetry.get("spec_decode") or {}
+        out.update({
+            "acceptance_length": spec.get("acceptance_length"),
+            "peak_kv_usage": telemetry.get("peak_kv_usage"),
+            "preemptions": telemetry.get("preemptions"),
+            "max_running": telemetry.get("max_running"),
+            "mean_running": telemetry.get("mean_running"),
+            "waiting_for_memory_s": telemetry.get("waiting_for_memory_s"),
+            "requests_waited_for_memory": telemetry.get("requests_waited_for_memory"),
+            "num_blocks": telemetry.get("num_blocks"),
+            "max_concurrency": telemetry.get("max_concurrency_max_len"),
+            "spec_state_bytes": telemetry.get("spec_state_bytes"),
+            "itl_mean": (telemetry.get("itl_s") or {}).get("mean"),
+            "itl_p99": (telemetry.get("itl_s") or {}).get("p99"),
+        })
+    return out
+
+
+def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return {f"{name}_mean": None, f"{name}_p50": None, f"{name}_p99": None}
+    return {f"{name}_mean": float(x.mean()), f"{name}_p50": float(np.percentile(x, 50)),
+            f"{name}_p99": float(np.percentile(x, 99))}

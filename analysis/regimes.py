@@ -1,0 +1,66 @@
+"""Memory-bound classification and regime-split ratios of each strategy to the baseline.
+
+A (workload, load, gmu) point is memory-bound when the *baseline's* KV pool was exhausted: peak
+usage at the cap, any preemption, or requests that waited for memory (thresholds from conf).
+Ratios are strategy / baseline for throughput and baseline / strategy for latencies ("x lower").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    peak_kv_usage: float = 0.95          # fraction of the pool
+    preemptions: int = 1                 # at least this many
+    waited_fraction: float = 0.05        # of the point's requests waited for memory
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> "Thresholds":
+        return cls(**dict(cfg or {}))
+
+
+def memory_bound(metrics: Mapping[str, Any], th: Thresholds) -> tuple[bool, str]:
+    """(memory-bound?, the reason) from the baseline point's metrics."""
+    reasons = []
+    if (metrics.get("peak_kv_usage") or 0) >= th.peak_kv_usage:
+        reasons.append(f"peak KV usage {metrics['peak_kv_usage']:.0%}")
+    if (metrics.get("preemptions") or 0) >= th.preemptions:
+        reasons.append(f"{metrics['preemptions']} preemptions")
+    waited = (metrics.get("requests_waited_for_memory") or 0) / max(metrics.get("requests") or 1, 1)
+    if waited >= th.waited_fraction:
+        reasons.append(f"{waited:.0%} of requests waited for memory")
+    return bool(reasons), "; ".join(reasons) or "pool never exhausted"
+
+
+RATIOS = {  # name: (metric, higher is better)
+    "throughput": ("output_throughput", True),
+    "p99_ttft": ("ttft_p99", False),
+    "mean_e2e": ("e2e_mean", False),
+    "tpot": ("tpot_mean", False),
+}
+
+
+def ratio(strategy: Mapping[str, Any], baseline: Mapping[str, Any], name: str) -> float | None:
+    """>1 means the strategy is better: throughput s/b; latencies b/s ("x lower")."""
+    metric, higher = RATIOS[name]
+    s, b = strategy.get(metric), baseline.get(metric)
+    if not s or not b:
+        return None
+    return s / b if higher else b / s
+
+
+def geomean(values, boot: int = 2000, seed: int = 0, ci: float = 0.95) -> dict[str, float | None]:
+    """Geometric mean with a bootstrap confidence interval (percentile method)."""
+    x = np.log(np.array([v for v in values if v and v > 0], dtype=float))
+    if len(x) == 0:
+        return {"geomean": None, "lo": None, "hi": None, "n": 0}
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), (boot, len(x)))].mean(1)
+    a = (1 - ci) / 2
+    return {"geomean": float(np.exp(x.mean())), "lo": float(np.exp(np.quantile(means, a))),
+            "hi": float(np.exp(np.quantile(means, 1 - a))), "n": int(len(x))}

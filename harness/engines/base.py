@@ -1,0 +1,90 @@
+"""The engine contract: one sweep point in, per-request records and telemetry out.
+
+``sim`` and ``vllm`` return the same :class:`PointResult`, so analysis and reports never know
+which engine ran. Times are seconds from the start of the measured run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from strategies import DraftTree
+from workloads import Arrival, Request
+
+from ..model import ModelSpec
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator: memory (bytes), achievable HBM bandwidth (B/s) and dense bf16 rate (FLOP/s)."""
+
+    name: str
+    memory_bytes: int
+    bandwidth: float
+    bf16_flops: float
+    block_alignment: int = 16   # vLLM's attention kernel block alignment on it
+
+    @classmethod
+    def from_config(cls, cfg) -> "GPUSpec":
+        fields = cls.__dataclass_fields__
+        unknown = set(cfg) - set(fields) - {"source", "datasheet"}
+        if unknown:
+            raise ValueError(f"gpu config: unknown keys {sorted(unknown)}; known: {sorted(fields)}")
+        spec = cls(**{k: cfg[k] for k in fields if k in cfg})
+        if spec.memory_bytes <= 0 or spec.bandwidth <= 0 or spec.bf16_flops <= 0:
+            raise ValueError(f"gpu={spec.name}: memory_bytes, bandwidth and bf16_flops must be > 0")
+        return spec
+
+
+@dataclass(frozen=True)
+class Point:
+    """Everything one run needs, fully resolved."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    strategy: str
+    tree: DraftTree | None          # None: no speculation
+    requests: tuple[Request, ...]
+    arrival: Arrival
+    gmu: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    seed: int = 0
+    kv_cache_bytes: int | None = None   # the KV pool's size outright (vLLM's kv_cache_memory_bytes; CPU)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gmu <= 1:
+            raise ValueError(f"gmu={self.gmu}: must be in (0, 1]")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1")
+
+
+@dataclass
+class RequestRecord:
+    id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    output_tokens: int = 0
+    preemptions: int = 0
+    error: str | None = None
+
+
+@dataclass
+class PointResult:
+    engine: str                                   # "sim" | "vllm"
+    requests: list[RequestRecord]
+    telemetry: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "requests": [asdict(r) for r in self.requests], "telemetry": self.telemetry}
+
+
+class Engine(Protocol):
+    name: str
+
+    def run(self, point: Point) -> PointResult: ...
