@@ -55,12 +55,16 @@ def ratio(strategy: Mapping[str, Any], baseline: Mapping[str, Any], name: str) -
 
 
 def geomean(values, boot: int = 2000, seed: int = 0, ci: float = 0.95) -> dict[str, float | None]:
-    """Geometric mean with a bootstrap confidence interval (percentile method)."""
-    x = np.log(np.array([v for v in values if v and v > 0], dtype=float))
+    """Geometric mean with a bootstrap confidence interval (scipy, percentile method, seeded)."""
+    from scipy.stats import bootstrap
+
+    x = np.log(np.array([v for v in values if v is not None and v > 0], dtype=float))
     if len(x) == 0:
         return {"geomean": None, "lo": None, "hi": None, "n": 0}
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), (boot, len(x)))].mean(1)
-    a = (1 - ci) / 2
-    return {"geomean": float(np.exp(x.mean())), "lo": float(np.exp(np.quantile(means, a))),
-            "hi": float(np.exp(np.quantile(means, 1 - a))), "n": int(len(x))}
+    g = float(np.exp(x.mean()))
+    if len(x) == 1 or np.ptp(x) == 0:
+        return {"geomean": g, "lo": g, "hi": g, "n": int(len(x))}
+    res = bootstrap((x,), np.mean, n_resamples=boot, confidence_level=ci, method="percentile",
+                    random_state=np.random.default_rng(seed))
+    lo, hi = res.confidence_interval
+    return {"geomean": g, "lo": float(np.exp(lo)), "hi": float(np.exp(hi)), "n": int(len(x))}

@@ -11,27 +11,41 @@ import argparse
 import sys
 from typing import Callable
 
-# (command words, config name, one-line help, runner module:function)
-COMMANDS: list[tuple[tuple[str, ...], str, str, str]] = [
+# (command words, config name, one-line help, runner module:function, positional args)
+COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
+    (("sweep",), "sweep",
+     "run a grid (sweep=default|paper_35b|paper_trees|quick, gmu=0.6,0.9, strategy=..., engine=auto|sim) into a "
+     "result folder, resumable; analyse it and write report.html / report.pdf",
+     "harness.sweep:run", ()),
+    (("run",), "run", "one point (workload=, gmu=, concurrency= or rate=, strategy=, draft=) into out=DIR",
+     "harness.results_cli:run_one", ()),
+    (("analyze",), "analyze", "memory-bound points and regime-split ratios of a result folder",
+     "harness.results_cli:analyze_cmd", ("dir",)),
+    (("report",), "report", "write report.html and report.pdf for a result folder",
+     "harness.results_cli:report_cmd", ("dir",)),
+    (("compare",), "compare", "two result folders point by point (e.g. sim against vllm)",
+     "harness.results_cli:compare_cmd", ("a", "b")),
     (("memory",), "memory",
      "speculative GDN state per request for each strategy and draft shape (model=..., drafts=...)",
-     "harness.memory_table:run"),
+     "harness.memory_table:run", ()),
     (("workloads", "describe"), "workloads_describe",
      "a workload's request count, length percentiles and histograms (workload=sharegpt|spec_bench|...)",
-     "harness.workloads_cli:describe"),
+     "harness.workloads_cli:describe", ()),
     (("workloads", "build-tokenizer"), "workloads_build_tokenizer",
      "retrain the bundled fallback BPE tokenizer from the ShareGPT package",
-     "harness.workloads_cli:build_tokenizer"),
+     "harness.workloads_cli:build_tokenizer", ()),
     (("bench", "strategies"), "bench_strategies",
      "CPU micro-benchmark: each strategy's verify+commit time relative to store_all, and its state bytes",
-     "harness.bench.strategies:run"),
+     "harness.bench.strategies:run", ()),
     (("bench", "sim"), "bench_sim",
      "the paper's 35B grid on the simulator, every strategy: memory-bound count, ratios, wall time",
-     "harness.bench.sim:run"),
+     "harness.bench.sim:run", ()),
     (("bench", "workloads"), "bench_workloads",
      "time loading the whole ShareGPT package, cold and from the cache",
-     "harness.workloads_cli:bench"),
+     "harness.workloads_cli:bench", ()),
 ]
+# Commands whose overrides may use Hydra's sweep syntax on the grid's axes (gmu=0.6,0.9).
+GRID_CONFIGS = {"sweep", "run"}
 
 
 def _runner(target: str) -> Callable:
@@ -49,18 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
                "Configs live in conf/.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
-    for words, config, help_text, target in COMMANDS:
+    for words, config, help_text, target, positional in COMMANDS:
         if len(words) == 1:
             p = sub.add_parser(words[0], help=help_text, description=help_text)
         else:
             if words[0] not in groups:
                 gp = sub.add_parser(words[0], help=f"{words[0]} " + "|".join(
-                    w[1] for w, *_ in COMMANDS if w[0] == words[0]))
+                    w[1] for w, *_ in COMMANDS if w[0] == words[0] and len(w) > 1))
                 groups[words[0]] = gp.add_subparsers(dest="subcommand", metavar="NAME", required=True)
             p = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
+        for name in positional:
+            p.add_argument(name, metavar=name.upper() if name != "dir" else "DIR", help="a result folder")
         p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"overrides for conf/{config}.yaml")
         p.add_argument("--cfg", action="store_true", help="print the composed config and exit")
-        p.set_defaults(config=config, target=target)
+        p.set_defaults(config=config, target=target, positional=positional)
     return parser
 
 
@@ -73,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     from .config import compose
 
     try:
-        cfg = compose(args.config, args.overrides)
+        overrides = [f"{name}={getattr(args, name)}" for name in args.positional] + list(args.overrides)
+        if args.config in GRID_CONFIGS:
+            from .sweep import normalize_overrides
+
+            overrides = normalize_overrides(overrides)
+        cfg = compose(args.config, overrides)
         if args.cfg:
             from omegaconf import OmegaConf
             print(OmegaConf.to_yaml(cfg))

@@ -1,1 +1,1 @@
-"""HTML and PDF report builder. Not built yet."""
+"""HTML and PDF reports of a sweep: summary, regime-split ratios, figures, per-point table, provenance."""

@@ -25,4 +25,4 @@ def test_ci_runs_the_readme_test_command():
     commands = readme[fence + 1: fence + 3]
     assert readme[fence + 3] == "```" and len(commands) == 2
     assert commands[1] in (ROOT / ".ci" / "run").read_text()
-    assert commands[0].endswith("python -m harness memory")
+    assert commands[0].endswith("python -m harness sweep model=qwen35_35b gmu=0.6")

@@ -1,0 +1,98 @@
+"""Analysis of a result store: per-point metrics, memory-bound points, regime-split ratios.
+
+``python -m harness analyze DIR`` writes ``DIR/analysis.json`` and prints the summary. A
+(workload, gmu, load, draft) group is memory-bound when its *baseline* point's pool was exhausted
+(see analysis.regimes); every other strategy's point in the group is compared with the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
+
+
+def _load_label(load: dict) -> tuple[str, float]:
+    if load["kind"] == "closed":
+        return "concurrency", float(load["concurrency"])
+    return f"{load['kind']} rate", float(load["rate"])
+
+
+def flatten(summary: dict[str, Any]) -> dict[str, Any]:
+    """One row per point: its axes, status and metrics."""
+    cfg = summary["config"]
+    kind, value = _load_label(cfg["load"])
+    row = {"point_id": summary["point_id"], "workload": cfg["workload_name"], "gmu": cfg["gmu"],
+           "load_kind": kind, "load": value, "draft": cfg.get("draft") or "none", "strategy": cfg["strategy"],
+           "engine": summary.get("engine"), "status": summary["status"], "reason": summary.get("reason"),
+           "model": cfg["model"]["name"], "gpu": cfg["gpu"]["name"]}
+    row.update(summary.get("metrics") or {})
+    return row
+
+
+def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = None) -> dict[str, Any]:
+    sweep = store.sweep_config()
+    th = thresholds or Thresholds.from_config(sweep.get("thresholds"))
+    base = baseline or sweep.get("baseline", "store_all")
+    rows = [flatten(s) for s in store.summaries()]
+    ok = [r for r in rows if r["status"] == "ok"]
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in ok:
+        groups[(r["workload"], r["gmu"], r["load_kind"], r["load"], r["draft"])][r["strategy"]] = r
+    classified = []
+    for key, by in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if base not in by:
+            continue
+        bound, why = memory_bound(by[base], th)
+        classified.append({"workload": key[0], "gmu": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
+                           "memory_bound": bound, "reason": why})
+        for r in by.values():
+            r["memory_bound"], r["memory_bound_reason"] = bound, why
+    ratios: dict[str, dict[str, Any]] = {}
+    strategies = sorted({r["strategy"] for r in ok} - {base})
+    for s in strategies:
+        ratios[s] = {}
+        for regime, want in (("memory-bound", True), ("not memory-bound", False)):
+            sel = [k for k, by in groups.items() if base in by and s in by and by[base].get("memory_bound") == want]
+            ratios[s][regime] = {name: geomean([ratio(groups[k][s], groups[k][base], name) for k in sel])
+                                 for name in RATIOS}
+            ratios[s][regime]["points"] = len(sel)
+    n_bound = sum(c["memory_bound"] for c in classified)
+    engines = sorted({r["engine"] for r in rows if r["engine"]})
+    result = {
+        "engine": engines[0] if len(engines) == 1 else engines,
+        "baseline": base, "thresholds": th.__dict__, "sweep": sweep,
+        "counts": {"points": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
+                   "groups": len(classified), "memory_bound": n_bound, "label": f"{n_bound}/{len(classified)}"},
+        "groups": classified, "ratios": ratios, "points": rows,
+        "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
+    }
+    Path(store.root / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def print_summary(result: dict[str, Any], console, report: Path | None = None) -> None:
+    from harness.console import table as make_table
+
+    c = result["counts"]
+    console.print(f"[bold]{c['points']} points[/] ({c['failed']} failed), engine: {result['engine']}; "
+                  f"memory-bound ({result['baseline']}'s pool exhausted): {c['label']}")
+    t = make_table(f"ratios to {result['baseline']} (geomean [95% CI]; latencies: x lower)",
+                   ["strategy", "regime", "points", *RATIOS], left=2)
+    for s, regimes in result["ratios"].items():
+        for regime, row in regimes.items():
+            t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
+    console.print(t)
+    for f in result["failed"][:5]:
+        console.print(f"  failed: {f['point_id']}: {f['reason']}")
+    if report:
+        console.print(f"report: {report}/report.html, {report}/report.pdf")
+
+
+def _fmt(g: dict) -> str:
+    if not g or g.get("geomean") is None:
+        return "-"
+    return f"{g['geomean']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]"

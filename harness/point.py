@@ -1,0 +1,122 @@
+"""One sweep point: its config, its identity, its run into the result store.
+
+A point config is plain data (what ``summary.json`` records as the fully resolved config)::
+
+    {"model": {...conf/model...}, "gpu": {...}, "engine": {...conf/engine...}, "workload": {...},
+     "workload_name": "sharegpt", "strategy": "treewy", "draft": "chain:3" | None, "gmu": 0.6,
+     "load": {"kind": "closed", "concurrency": 32} | {"kind": "poisson", "rate": 2.0},
+     "requests": 500, "max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 4096,
+     "seed": 0}
+
+``python -m harness.point [--multirun] key=value ...`` runs points as Hydra jobs (conf/point.yaml),
+so Hydra's launchers (joblib, submitit/Slurm) can fan a grid out; every job writes into the same
+result store, which is safe for concurrent writers.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+import workloads
+from analysis.metrics import point_metrics
+
+from .engines.base import GPUSpec, Point, PointResult
+from .model import ModelSpec
+from .provenance import provenance
+from .store import Store
+from .config import parse_draft
+
+
+def point_id(cfg: dict[str, Any]) -> str:
+    load = cfg["load"]
+    ld = f"c{load['concurrency']}" if load["kind"] == "closed" else f"{load['kind'][0]}{load['rate']:g}"
+    draft = "nospec" if not cfg.get("draft") else parse_draft(cfg["draft"], root=True).label.removesuffix("+root")
+    return (f"{cfg['workload_name']}-gmu{cfg['gmu']:g}-{ld}-{draft.replace(':', '').replace(',', 'x')}"
+            f"-{cfg['strategy']}")
+
+
+def arrival_of(cfg: dict[str, Any]) -> workloads.Arrival:
+    load, seed = cfg["load"], cfg.get("seed", 0)
+    if load["kind"] == "closed":
+        return workloads.Arrival(kind="closed", max_concurrency=int(load["concurrency"]), seed=seed)
+    return workloads.Arrival(kind=load["kind"], rate=float(load["rate"]),
+                             burstiness=float(load.get("burstiness", 1.0)), seed=seed)
+
+
+def build_point(cfg: dict[str, Any]) -> Point:
+    wl = dict(cfg["workload"])
+    wl["num_requests"] = int(cfg["requests"])
+    arrival = arrival_of(cfg)
+    wl["arrival"] = {"kind": arrival.kind, "max_concurrency": arrival.max_concurrency, "rate": arrival.rate,
+                     "burstiness": arrival.burstiness}
+    reqs, _ = workloads.build(wl).requests()
+    tree = parse_draft(cfg["draft"], root=True) if cfg.get("draft") else None
+    return Point(model=ModelSpec.from_config(cfg["model"]), gpu=GPUSpec.from_config(cfg["gpu"]),
+                 strategy=cfg["strategy"], tree=tree, requests=tuple(reqs), arrival=arrival, gmu=float(cfg["gmu"]),
+                 max_num_seqs=int(cfg["max_num_seqs"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
+                 max_model_len=int(cfg["max_model_len"]), seed=int(cfg.get("seed", 0)))
+
+
+def engine_for(cfg: dict[str, Any]):
+    name = cfg["engine"]["name"]
+    if name == "sim":
+        from .engines.sim.engine import SimEngine
+
+        return SimEngine(cfg["engine"])
+    raise ValueError(f"engine={name}: sweeps run on the simulator for now (the vLLM sweep engine is the next "
+                     "issue); for real vLLM runs use python -m harness.engines.vllm.matrix")
+
+
+def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
+    """Run one point and store it; a failure is stored with its reason instead of raised."""
+    pid = point_id(cfg)
+    t0 = time.perf_counter()
+    summary: dict[str, Any] = {"point_id": pid, "config": cfg, "engine": cfg["engine"]["name"]}
+    try:
+        result: PointResult = engine_for(cfg).run(build_point(cfg))
+        recs = [r.__dict__ for r in result.requests]
+        summary.update(status="ok", metrics=point_metrics(result.requests, result.telemetry),
+                       telemetry=result.telemetry)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # recorded, and the sweep goes on
+        recs = None
+        summary.update(status="failed", reason=f"{type(e).__name__}: {e}",
+                       traceback=traceback.format_exc(limit=6)[-4000:])
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["provenance"] = provenance(engine=cfg["engine"]["name"], seed=cfg.get("seed", 0))
+    store.write(pid, summary, recs)
+    return summary
+
+
+def main() -> None:
+    """``python -m harness.point``: one point as a Hydra job (``--multirun`` + launchers for grids)."""
+    import hydra
+    from omegaconf import OmegaConf
+
+    from .config import conf_dir
+
+    @hydra.main(config_path=str(conf_dir()), config_name="point", version_base=None)
+    def job(cfg) -> None:
+        from .sweep import point_configs
+
+        from hydra.core.hydra_config import HydraConfig
+
+        c = OmegaConf.to_container(cfg, resolve=True)
+        c.pop("workload", None)
+        c["workloads"] = [HydraConfig.get().runtime.choices["workload"]]
+        (pc,) = point_configs(c)
+        store = Store(c["out"])
+        if not (store.root / "sweep.json").exists():  # the first job describes the sweep (atomic; any may)
+            store.init({"sweep_name": "hydra-multirun", "model": c["model"]["name"], "gpu": c["gpu"]["name"],
+                        "baseline": c.get("baseline", "store_all"), "thresholds": c.get("thresholds")})
+        s = run_point(pc, store)
+        print(f"{s['point_id']}: {s['status']}{'' if s['status'] == 'ok' else ' (' + s['reason'] + ')'}")
+
+    job()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""``python -m harness run|analyze|report|compare``: one point, and what comes after a sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from .store import Store
+
+
+def _store(path: str) -> Store:
+    store = Store(path)
+    if not store.points.is_dir():
+        raise FileNotFoundError(f"{path}: not a sweep folder (no points/); run `python -m harness sweep out={path}`")
+    return store
+
+
+def run_one(cfg: DictConfig) -> int:
+    """One point (the first of the composed grid) into ``out``, printed."""
+    from .sweep import point_configs, resolve_engine
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    resolve_engine(c["engine"]["name"])
+    points = point_configs(c)
+    if len(points) != 1:
+        raise ValueError(f"run: the overrides describe {len(points)} points; give one value per axis "
+                         "(workload, gmu, concurrency or rate, strategy, draft)")
+    from .point import run_point
+
+    store = Store(c["out"] or "results/runs")
+    store.points.mkdir(parents=True, exist_ok=True)
+    s = run_point(points[0], store)
+    print(json.dumps({k: s.get(k) for k in ("point_id", "status", "reason", "metrics")}, indent=1, default=str))
+    return 0 if s["status"] == "ok" else 1
+
+
+def analyze_cmd(cfg: DictConfig) -> int:
+    from analysis.sweep import analyze, print_summary
+
+    from .console import console
+
+    result = analyze(_store(cfg.dir))
+    print_summary(result, console())
+    print(f"wrote {Path(cfg.dir) / 'analysis.json'}")
+    return 0
+
+
+def report_cmd(cfg: DictConfig) -> int:
+    from reports.build import build_report
+
+    out = build_report(_store(cfg.dir))
+    print(f"wrote {out / 'report.html'} and {out / 'report.pdf'}")
+    return 0
+
+
+def compare_cmd(cfg: DictConfig) -> int:
+    """Two sweeps point by point (e.g. sim against vllm): metric ratios B / A and regime agreement."""
+    from analysis.sweep import analyze
+
+    from .console import console as make_console, table as make_table
+
+    a, b = analyze(_store(cfg.a)), analyze(_store(cfg.b))
+    key = lambda p: (p["workload"], p["gmu"], p["load"], p["draft"], p["strategy"])  # noqa: E731
+    pa = {key(p): p for p in a["points"] if p["status"] == "ok"}
+    pb = {key(p): p for p in b["points"] if p["status"] == "ok"}
+    common = sorted(set(pa) & set(pb), key=lambda k: tuple(map(str, k)))
+    console = make_console()
+    if not common:
+        raise ValueError(f"{cfg.a} and {cfg.b} share no points (workload, gmu, load, draft, strategy)")
+    t = make_table(f"B / A ({cfg.b} over {cfg.a}); engines {a['engine']} vs {b['engine']}",
+                   ["point", "out tok/s", "p99 TTFT", "peak KV", "mem-bound A/B"], left=1)
+    agree = 0
+    for k in common:
+        x, y = pa[k], pb[k]
+        agree += x.get("memory_bound") == y.get("memory_bound")
+        t.add_row(" ".join(map(str, k)), *[_r(y.get(m), x.get(m)) for m in ("output_throughput", "ttft_p99",
+                                                                          "peak_kv_usage")],
+                  f"{_yn(x.get('memory_bound'))}/{_yn(y.get('memory_bound'))}")
+    console.print(t)
+    console.print(f"{len(common)} common points; memory-bound classification agrees on {agree}; "
+                  f"A: {a['counts']['label']} memory-bound, B: {b['counts']['label']}")
+    return 0
+
+
+def _r(b, a) -> str:
+    return f"{b / a:.2f}" if a and b else "-"
+
+
+def _yn(v) -> str:
+    return "-" if v is None else ("yes" if v else "no")

@@ -1,0 +1,215 @@
+"""``python -m harness sweep``: expand a grid, run its points into a result store, analyse, report.
+
+The grid: workloads x gmu x load (closed-loop concurrency, or open-loop rates for workloads whose
+arrivals are a rate) x draft shape x strategy. Every point is stored atomically; rerunning the
+same command resumes (finished points are skipped, failed ones retried); Ctrl-C leaves every
+finished point readable.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+import strategies
+
+from .config import compose, conf_dir, parse_draft
+from .point import point_id, run_point
+from .store import Store
+
+AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft", "seed")
+ALIASES = {"workload": "workloads", "strategies": "strategy", "drafts": "draft"}
+
+
+def normalize_overrides(overrides: Sequence[str]) -> list[str]:
+    """``gmu=0.6,0.75`` (Hydra's sweep syntax) → ``gmu=[0.6,0.75]`` for the grid's axes; aliases."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    parser = OverridesParser.create()
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        if not sep:
+            out.append(text)
+            continue
+        key = ALIASES.get(key, key)
+        try:
+            ov = parser.parse_override(f"{key}={value}")
+        except Exception as e:
+            raise ValueError(f"{text}: not a valid override ({e})") from None
+        if ov.is_sweep_override():
+            if key not in AXES:
+                raise ValueError(f"{text}: only the grid's axes take several values ({', '.join(AXES)}); "
+                                 "run one sweep per model, GPU and engine")
+            values = [str(v) for v in ov.sweep_string_iterator()]
+            out.append(f"{key}=[{','.join(values)}]")
+        else:
+            out.append(f"{key}={value}")
+    return out
+
+
+def compose_sweep(overrides: Sequence[str]) -> DictConfig:
+    return compose("sweep", normalize_overrides(overrides))
+
+
+def _as_list(x) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def resolve_engine(name: str, quiet: bool = False) -> str:
+    """``auto``: vLLM when a CUDA GPU and vLLM are importable, else the simulator; says which."""
+    if name != "auto":
+        return name
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        cuda = False
+    try:
+        import vllm  # noqa: F401
+        have_vllm = True
+    except ImportError:
+        have_vllm = False
+    choice = "sim"
+    why = ("no CUDA GPU" if not cuda else "vLLM not installed" if not have_vllm
+           else "a CUDA GPU and vLLM are here, but sweeps run on the simulator until the vLLM sweep engine lands")
+    if not quiet:
+        print(f"engine=auto: using the simulator (engine: sim): {why}", file=sys.stderr)
+    return choice
+
+
+def validate(cfg: dict[str, Any]) -> None:
+    """Clear errors, naming the input and the valid choices, before anything runs."""
+    known_wl = sorted(p.stem for p in (conf_dir() / "workload").glob("*.yaml"))
+    for w in _as_list(cfg.get("workloads")):
+        if w not in known_wl:
+            raise ValueError(f"workload={w}: unknown; choose from {', '.join(known_wl)} (conf/workload/)")
+    for g in _as_list(cfg.get("gmu")):
+        if not isinstance(g, (int, float)) or not 0 < float(g) <= 1:
+            raise ValueError(f"gmu={g}: must be in (0, 1]")
+    for s in _as_list(cfg.get("strategy")):
+        if s not in strategies.names():
+            raise ValueError(f"strategy={s}: unknown; choose from {', '.join(strategies.names())}")
+    for c in _as_list(cfg.get("concurrency")):
+        if not isinstance(c, int) or c < 1:
+            raise ValueError(f"concurrency={c}: must be a whole number >= 1")
+    for r in _as_list(cfg.get("rate")):
+        if not isinstance(r, (int, float)) or r <= 0:
+            raise ValueError(f"rate={r}: must be > 0 requests/s")
+    for d in _as_list(cfg.get("draft")):
+        if d not in (None, "none"):
+            parse_draft(d, root=True)
+
+
+def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every point of the grid as a plain, fully resolved config (see harness.point)."""
+    cfg = dict(cfg)
+    if cfg.get("workload") and isinstance(cfg["workload"], str):   # a point job's scalar axes
+        cfg["workloads"] = [cfg["workload"]]
+    validate(cfg)
+    engine = dict(cfg["engine"])
+    engine_name = resolve_engine(engine["name"], quiet=True)
+    if engine_name != engine["name"]:
+        engine = OmegaConf.to_container(OmegaConf.load(conf_dir() / "engine" / f"{engine_name}.yaml"))
+    rule = cfg["requests"]
+    out = []
+    for wname in _as_list(cfg["workloads"]):
+        wl = OmegaConf.to_container(OmegaConf.load(conf_dir() / "workload" / f"{wname}.yaml"), resolve=True)
+        kind = (wl.get("arrival") or {}).get("kind", "closed")
+        if kind == "closed":
+            loads = [({"kind": "closed", "concurrency": int(c)},
+                      max(int(rule["min"]), int(rule["per_concurrency"]) * int(c)))
+                     for c in _as_list(cfg["concurrency"])]
+        else:
+            burst = float((wl.get("arrival") or {}).get("burstiness") or 1.0)
+            loads = [({"kind": kind if kind != "trace" else "poisson", "rate": float(r), "burstiness": burst},
+                      max(int(rule["min"]), int(float(rule["per_rate"]) * float(r))))
+                     for r in _as_list(cfg["rate"])]
+        for gmu in _as_list(cfg["gmu"]):
+            for load, n in loads:
+                for draft in _as_list(cfg["draft"]):
+                    for strategy in _as_list(cfg["strategy"]):
+                        out.append({
+                            "model": cfg["model"], "gpu": cfg["gpu"], "engine": engine, "workload": wl,
+                            "workload_name": wname, "strategy": strategy,
+                            "draft": None if draft in (None, "none") else draft, "gmu": float(gmu), "load": load,
+                            "requests": n, "max_num_seqs": cfg["max_num_seqs"],
+                            "max_num_batched_tokens": cfg["max_num_batched_tokens"],
+                            "max_model_len": cfg["max_model_len"], "seed": cfg.get("seed", 0)})
+    return out
+
+
+def default_out(cfg: dict[str, Any]) -> Path:
+    engine = resolve_engine(cfg["engine"]["name"], quiet=True)
+    name = f"{cfg.get('sweep_name', 'sweep')}-{cfg['model']['name']}-{cfg['gpu']['name']}-{engine}"
+    return Path("results") / "sweeps" / name
+
+
+def run(cfg: DictConfig) -> int:
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from .console import console as make_console
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    resolve_engine(c["engine"]["name"])
+    validate(c)
+    if c.get("baseline") not in _as_list(c.get("strategy")):
+        raise ValueError(f"baseline={c.get('baseline')}: must be one of the swept strategies "
+                         f"{_as_list(c.get('strategy'))} (it decides which points are memory-bound)")
+    points = point_configs(c)
+    out = Path(c["out"]) if c.get("out") else default_out(c)
+    store = Store(out)
+    store.init({k: v for k, v in c.items() if k not in ("model", "gpu")} | {"model": c["model"]["name"],
+                                                                          "gpu": c["gpu"]["name"]})
+    todo = []
+    for p in points:
+        status = store.status(point_id(p))
+        if status == "ok" or (status == "failed" and not c.get("retry_failed", True)):
+            continue
+        todo.append(p)
+    console = make_console()
+    console.print(f"[bold]sweep {c.get('sweep_name')}[/]: {len(points)} points, {len(points) - len(todo)} already "
+                  f"in {out}, {len(todo)} to run (engine: {points[0]['engine']['name'] if points else '-'})")
+    t0 = time.perf_counter()
+    failed = 0
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False) as bar:
+            task = bar.add_task("points", total=len(todo))
+            for s in _execute(todo, store, int(c.get("jobs", 1))):
+                failed += s["status"] != "ok"
+                bar.update(task, advance=1, description=f"{s['point_id'][:60]:<60}")
+    except KeyboardInterrupt:
+        done = sum(1 for _ in store.summaries())
+        console.print(f"interrupted: {done} points are stored and readable in {out}; rerun the same command to "
+                      "resume")
+        return 130
+    console.print(f"ran {len(todo)} points in {time.perf_counter() - t0:.1f} s ({failed} failed)")
+    from analysis.sweep import analyze, print_summary
+
+    result = analyze(store)
+    report_path = None
+    if c.get("report", True):
+        from reports.build import build_report
+
+        report_path = build_report(store, result)
+    print_summary(result, console, report_path)
+    return 0
+
+
+def _execute(todo: list[dict[str, Any]], store: Store, jobs: int):
+    if jobs <= 1:
+        for p in todo:
+            yield run_point(p, store)
+        return
+    from joblib import Parallel, delayed
+
+    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(delayed(run_point)(p, store) for p in todo)

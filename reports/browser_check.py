@@ -1,0 +1,85 @@
+"""Open a sweep's report.html in headless Chromium, fail on console errors, and render everything.
+
+    python -m reports.browser_check DIR [--out DIR/render]
+
+Needs Debian's ``chromium``, ``chromium-driver`` and ``poppler-utils`` (``apt-get install chromium
+chromium-driver poppler-utils``) and ``pip install selenium``. Writes ``report-html.png`` (a
+full-page screenshot after sorting the points table, which exercises its script) and
+``report-pdf-<n>.png`` (pdftoppm's render of every PDF page); exits 1 on any console error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage")
+
+
+def check_html(html: Path, png: Path) -> list[str]:
+    """Console errors (SEVERE) after loading and sorting; writes a full-page screenshot."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for flag in CHROMIUM_FLAGS:
+        opts.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="cb-chromium-")
+    opts.add_argument(f"--user-data-dir={profile}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=opts)
+    try:
+        driver.set_window_size(1300, 1000)
+        driver.get(html.resolve().as_uri())
+        headers = driver.find_elements(By.CSS_SELECTOR, "#points th")
+        if headers:
+            headers[min(7, len(headers) - 1)].click()   # sort by throughput: runs the page's script
+        driver.execute_script("window.scrollTo(0, 0)")
+        height = driver.execute_script("return document.body.scrollHeight")
+        driver.set_window_size(1300, min(int(height) + 100, 16000))
+        driver.save_screenshot(str(png))
+        return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def render_pdf(pdf: Path, out: Path) -> list[Path]:
+    if not shutil.which("pdftoppm"):
+        raise FileNotFoundError("pdftoppm not found: apt-get install poppler-utils")
+    subprocess.run(["pdftoppm", "-png", "-r", "70", str(pdf), str(out / "report-pdf")], check=True)
+    return sorted(out.glob("report-pdf-*.png"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reports.browser_check", description=__doc__.split("\n")[0])
+    p.add_argument("dir", help="a sweep folder with report.html and report.pdf")
+    p.add_argument("--out", default=None, help="where the PNGs go (default DIR/render)")
+    args = p.parse_args(argv)
+    root = Path(args.dir)
+    html, pdf = root / "report.html", root / "report.pdf"
+    for f in (html, pdf):
+        if not f.is_file():
+            print(f"{f}: missing; run `python -m harness report {root}` first", file=sys.stderr)
+            return 2
+    out = Path(args.out) if args.out else root / "render"
+    out.mkdir(parents=True, exist_ok=True)
+    errors = check_html(html, out / "report-html.png")
+    pages = render_pdf(pdf, out)
+    print(f"report.html: {len(errors)} console errors; screenshot {out / 'report-html.png'}")
+    print(f"report.pdf: {len(pages)} pages rendered to {out}/report-pdf-*.png")
+    for e in errors:
+        print(f"  console error: {e}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""``python -m harness report DIR``: report.html (one self-contained file) and report.pdf.
+
+Both hold the same content: the summary, the paper-style table of regime-split ratios, the
+figures, the per-point table and the provenance. The HTML embeds its figures as PNG data and
+sorts its table by clicking a header; the PDF is made with matplotlib's PDF backend (nothing but
+what pip installs).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from . import figures
+
+COLUMNS = [("point_id", "point"), ("workload", "workload"), ("gmu", "gmu"), ("load", "load"),
+           ("strategy", "strategy"), ("status", "status"), ("memory_bound", "mem-bound"),
+           ("output_throughput", "out tok/s"), ("ttft_p50", "TTFT p50 s"), ("ttft_p99", "TTFT p99 s"),
+           ("tpot_mean", "TPOT s"), ("e2e_mean", "E2E mean s"), ("acceptance_length", "acc. len"),
+           ("peak_kv_usage", "peak KV"), ("preemptions", "preempt"), ("max_running", "max running"),
+           ("spec_state_bytes", "spec. state MiB")]
+PAPER = {"Qwen3.5-35B-A3B": "31/105 points memory-bound; treewy 1.15x throughput, 2.94x lower p99 TTFT, "
+                            "1.17x lower mean E2E, TPOT 0.83x",
+         "Qwen3.5-397B-A17B": "17/70 points memory-bound; treewy 1.06x throughput, 1.66x lower p99 TTFT"}
+
+
+def make_figures(store, result) -> list[tuple[str, Any]]:
+    model_cfg = next((s["config"]["model"] for s in store.summaries()), None)
+    figs = [("Peak KV-pool usage vs load", figures.peak_kv_vs_load(result)),
+            ("Ratio distributions by regime", figures.ratio_distributions(result)),
+            ("p99 TTFT vs load", figures.p99_ttft_vs_load(result)),
+            ("TTFT CDF at the most memory-bound point", figures.ttft_cdf(result, store.requests)),
+            ("Acceptance length per workload", figures.acceptance_per_workload(result))]
+    if model_cfg:
+        figs.append(("Speculative state vs draft-tree size", figures.spec_memory_vs_tree(model_cfg, result["engine"])))
+    return figs
+
+
+def build_report(store, result: dict[str, Any] | None = None) -> Path:
+    if result is None:
+        from analysis.sweep import analyze
+
+        result = analyze(store)
+    if not any(p["status"] == "ok" for p in result["points"]):
+        raise ValueError(f"{store.root}: no finished points to report on; run the sweep first")
+    figs = make_figures(store, result)
+    prov = next((s.get("provenance") for s in store.summaries() if s.get("provenance")), {})
+    (store.root / "report.html").write_text(render_html(result, figs, prov))
+    write_pdf(store.root / "report.pdf", result, figs, prov)
+    import matplotlib.pyplot as plt
+
+    for _, fig in figs:
+        plt.close(fig)
+    return store.root
+
+
+# -- shared text ----------------------------------------------------------------------
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    c, sweep = result["counts"], result["sweep"]
+    return [
+        f"engine: {result['engine']}"
+        + ("  (simulator results, not GPU measurements)" if result["engine"] == "sim" else ""),
+        f"model {sweep.get('model')}, GPU {sweep.get('gpu')}, sweep '{sweep.get('sweep_name')}', baseline "
+        f"{result['baseline']}",
+        f"{c['points']} points ({c['ok']} ok, {c['failed']} failed) in {c['groups']} (workload, gmu, load, draft) "
+        "groups",
+        f"memory-bound ({result['baseline']}'s pool exhausted: peak usage >= "
+        f"{result['thresholds']['peak_kv_usage']:.0%}, "
+        f"preemptions, or >= {result['thresholds']['waited_fraction']:.0%} of requests waiting for memory): "
+        f"{c['label']}",
+    ]
+
+
+def ratio_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for s, regimes in result["ratios"].items():
+        for regime, row in regimes.items():
+            rows.append([s, regime, str(row["points"]), *[_fmt(row[n]) for n in ("throughput", "p99_ttft",
+                                                                                 "mean_e2e", "tpot")]])
+    return rows
+
+
+RATIO_HEAD = ["strategy", "regime", "groups", "throughput (x)", "p99 TTFT (x lower)", "mean E2E (x lower)",
+              "TPOT (x lower)"]
+
+
+def _fmt(g) -> str:
+    if not g or g.get("geomean") is None:
+        return "-"
+    return f"{g['geomean']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]"
+
+
+def _cell(key: str, v) -> str:
+    if v is None:
+        return ""
+    if key == "spec_state_bytes":
+        return f"{v / 2**20:.1f}"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+# -- HTML -------------------------------------------------------------------------------
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_html(result: dict[str, Any], figs, prov: dict[str, Any]) -> str:
+    e = html.escape
+    rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in ratio_rows(result))
+    pts = sorted(result["points"], key=lambda p: (p["workload"], p["gmu"], p["load"], p["strategy"]))
+    body = "".join("<tr>" + "".join(f"<td>{e(_cell(k, p.get(k)))}</td>" for k, _ in COLUMNS) + "</tr>" for p in pts)
+    head = "".join(f"<th onclick=\"sortTable({i})\">{e(label)}</th>" for i, (_, label) in enumerate(COLUMNS))
+    figs_html = "".join(f"<figure><img alt=\"{e(t)}\" src=\"data:image/png;base64,{_png(f)}\"><figcaption>{e(t)}"
+                        "</figcaption></figure>" for t, f in figs)
+    paper = "".join(f"<li>{e(k)}: {e(v)}</li>" for k, v in PAPER.items())
+    fails = "".join(f"<li>{e(f['point_id'])}: {e(str(f['reason']))}</li>" for f in result["failed"])
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>CommitBench report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
+h1 {{ margin-bottom: 0.2em; }} .engine {{ font-weight: bold; color: #a00; }}
+table {{ border-collapse: collapse; font-size: 12px; margin: 1em 0; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
+th {{ background: #f3f3f3; cursor: pointer; position: sticky; top: 0; }}
+td:first-child, th:first-child {{ text-align: left; }}
+figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 100%; }}
+.scroll {{ max-height: 600px; overflow: auto; }}
+pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
+</style></head><body>
+<h1>CommitBench: GDN state-commit strategies under speculative decoding</h1>
+<p class="engine">engine: {e(str(result['engine']))}</p>
+<ul>{''.join(f'<li>{e(line)}</li>' for line in summary_lines(result))}</ul>
+<h2>Ratios to {e(result['baseline'])}, split by regime</h2>
+<p>Geometric means over (workload, gmu, load, draft) groups with bootstrap 95% intervals; latencies as
+"x lower" (baseline / strategy), so above 1 is better throughout.</p>
+<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead><tbody>{rows}</tbody></table>
+<p>The TreeWY paper's figures for treewy vs store_all in memory-bound points (B200, measured):</p><ul>{paper}</ul>
+<h2>Figures</h2>{figs_html}
+<h2>Points</h2><p>Click a column header to sort.</p>
+<div class="scroll"><table id="points"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
+{f'<h2>Failed points</h2><ul>{fails}</ul>' if fails else ''}
+<h2>Provenance</h2><pre>{e(json.dumps(prov, indent=1))}</pre>
+<h2>Sweep configuration</h2><pre>{e(json.dumps(result['sweep'], indent=1, default=str))}</pre>
+<script>
+function sortTable(col) {{
+  const table = document.getElementById("points");
+  const body = table.tBodies[0];
+  const rows = Array.from(body.rows);
+  const asc = table.dataset.col == col && table.dataset.dir != "asc";
+  rows.sort((a, b) => {{
+    const x = a.cells[col].textContent, y = b.cells[col].textContent;
+    const nx = parseFloat(x), ny = parseFloat(y);
+    const c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+    return asc ? c : -c;
+  }});
+  rows.forEach(r => body.appendChild(r));
+  table.dataset.col = col;
+  table.dataset.dir = asc ? "asc" : "desc";
+}}
+</script>
+</body></html>
+"""
+
+
+# -- PDF -------------------------------------------------------------------------------
+
+def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    with PdfPages(path) as pdf:
+        fig = plt.figure(figsize=(11.7, 8.3))
+        fig.text(0.05, 0.93, "CommitBench: GDN state-commit strategies under speculative decoding", fontsize=15,
+                 weight="bold")
+        fig.text(0.05, 0.895, f"engine: {result['engine']}", fontsize=12, color="#a00", weight="bold")
+        for i, line in enumerate(summary_lines(result)[1:]):
+            fig.text(0.05, 0.86 - 0.03 * i, line, fontsize=9)
+        ax = fig.add_axes([0.05, 0.25, 0.9, 0.45])
+        ax.axis("off")
+        rows = ratio_rows(result) or [["-"] * len(RATIO_HEAD)]
+        tbl = ax.table(cellText=rows, colLabels=RATIO_HEAD, loc="upper center", cellLoc="center")
+        tbl.auto_set_font_size(False)
+        tbl.set_fontsize(8)
+        tbl.scale(1, 1.4)
+        fig.text(0.05, 0.2, "Geometric means with bootstrap 95% intervals; latencies as 'x lower' (baseline / "
+                 "strategy). The paper (B200, measured): 35B 31/105 memory-bound, treewy 1.15x throughput, "
+                 "2.94x lower p99 TTFT.", fontsize=8, wrap=True)
+        keys = ("git_commit", "torch", "vllm", "gpu", "time_utc")
+        fig.text(0.05, 0.12, f"provenance: {json.dumps({k: prov.get(k) for k in keys})}", fontsize=7)
+        pdf.savefig(fig)
+        plt.close(fig)
+        for _, f in figs:
+            pdf.savefig(f)
+        pts = sorted(result["points"], key=lambda p: (p["workload"], p["gmu"], p["load"], p["strategy"]))
+        keys = [k for k, _ in COLUMNS[1:]]
+        for start in range(0, len(pts), 40):
+            fig = plt.figure(figsize=(11.7, 8.3))
+            ax = fig.add_axes([0.02, 0.02, 0.96, 0.93])
+            ax.axis("off")
+            ax.set_title(f"points {start + 1}-{min(start + 40, len(pts))} of {len(pts)} (engine: {result['engine']})",
+                         fontsize=9)
+            cells = [[_cell(k, p.get(k)) for k in keys] for p in pts[start:start + 40]]
+            tbl = ax.table(cellText=cells, colLabels=[label for _, label in COLUMNS[1:]], loc="upper center")
+            tbl.auto_set_font_size(False)
+            tbl.set_fontsize(5.5)
+            tbl.scale(1, 1.05)
+            pdf.savefig(fig)
+            plt.close(fig)

@@ -1,0 +1,194 @@
+"""The report's figures (matplotlib, Agg): each function takes the analysis and returns a Figure.
+
+Every figure carries the engine in its title ("engine: sim" for simulator results).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+COLORS = {"store_all": "#444444", "replay": "#1f77b4", "treewy": "#d62728", "treewy_deferred": "#2ca02c"}
+
+
+def _ok(result):
+    return [p for p in result["points"] if p["status"] == "ok"]
+
+
+def _engine(result) -> str:
+    return f"engine: {result['engine']}"
+
+
+def _strategies(result) -> list[str]:
+    order = list(COLORS)
+    names = {p["strategy"] for p in _ok(result)}
+    return sorted(names, key=lambda s: (order.index(s) if s in order else 99, s))
+
+
+def _grid(n: int):
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes.flat
+
+
+def peak_kv_vs_load(result) -> plt.Figure:
+    pts = _ok(result)
+    panels = sorted({(p["workload"], p["gmu"]) for p in pts})[:9]
+    fig, axes = _grid(len(panels))
+    for ax, (w, g) in zip(axes, panels):
+        for s in _strategies(result):
+            sel = sorted((p["load"], p.get("peak_kv_usage") or 0) for p in pts
+                         if p["workload"] == w and p["gmu"] == g and p["strategy"] == s)
+            if sel:
+                ax.plot(*zip(*sel), marker="o", label=s, color=COLORS.get(s))
+        ax.set_title(f"{w}, gmu {g}", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel(_load_name(pts))
+        ax.set_ylabel("peak KV-pool usage")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Peak KV-pool usage vs load ({_engine(result)})")
+    fig.tight_layout()
+    return fig
+
+
+def p99_ttft_vs_load(result) -> plt.Figure:
+    pts = _ok(result)
+    g_min = min(p["gmu"] for p in pts)
+    panels = sorted({p["workload"] for p in pts})[:6]
+    fig, axes = _grid(len(panels))
+    for ax, w in zip(axes, panels):
+        for s in _strategies(result):
+            sel = sorted((p["load"], p.get("ttft_p99")) for p in pts
+                         if p["workload"] == w and p["gmu"] == g_min and p["strategy"] == s and p.get("ttft_p99"))
+            if sel:
+                ax.plot(*zip(*sel), marker="o", label=s, color=COLORS.get(s))
+        ax.set_title(f"{w}, gmu {g_min}", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(_load_name(pts))
+        ax.set_ylabel("p99 TTFT (s)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"p99 time to first token vs load ({_engine(result)})")
+    fig.tight_layout()
+    return fig
+
+
+def ratio_distributions(result) -> plt.Figure:
+    pts = _ok(result)
+    base = result["baseline"]
+    groups = defaultdict(dict)
+    for p in pts:
+        groups[(p["workload"], p["gmu"], p["load"], p["draft"])][p["strategy"]] = p
+    others = [s for s in _strategies(result) if s != base]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, (metric, higher, title) in zip(axes, (("output_throughput", True, "throughput (x)"),
+                                                 ("ttft_p99", False, "p99 TTFT (x lower)"))):
+        data, labels = [], []
+        for s in others:
+            for regime in (True, False):
+                vals = []
+                for by in groups.values():
+                    if base in by and s in by and by[base].get("memory_bound") == regime:
+                        a, b = by[s].get(metric), by[base].get(metric)
+                        if a and b:
+                            vals.append(a / b if higher else b / a)
+                data.append(vals or [np.nan])
+                labels.append(f"{s}\n{'mem-bound' if regime else 'not'}")
+        ax.boxplot(data, showfliers=True)
+        ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7, rotation=30)
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_title(f"{title} vs {base}", fontsize=9)
+    fig.suptitle(f"Ratios to {base} by regime ({_engine(result)})")
+    fig.tight_layout()
+    return fig
+
+
+def ttft_cdf(result, requests_of) -> plt.Figure:
+    """TTFT CDF per strategy at the most memory-bound group (the baseline's most preemptions, then waits)."""
+    pts = _ok(result)
+    base = result["baseline"]
+    cands = [p for p in pts if p["strategy"] == base]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    if not cands:
+        return fig
+    worst = max(cands, key=lambda p: ((p.get("preemptions") or 0), p.get("requests_waited_for_memory") or 0,
+                                      p.get("peak_kv_usage") or 0))
+    key = (worst["workload"], worst["gmu"], worst["load"], worst["draft"])
+    for p in pts:
+        if (p["workload"], p["gmu"], p["load"], p["draft"]) != key:
+            continue
+        reqs = requests_of(p["point_id"])
+        ttft = np.sort([r["first_token_s"] - r["arrival_s"] for r in reqs if r.get("first_token_s") is not None])
+        if len(ttft):
+            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=p["strategy"], color=COLORS.get(p["strategy"]))
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.legend(fontsize=8)
+    ax.set_title(f"TTFT CDF, most memory-bound point: {key[0]}, gmu {key[1]}, {_load_name(pts)} {key[2]:g}\n"
+                 f"({_engine(result)})", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_per_workload(result) -> plt.Figure:
+    pts = _ok(result)
+    workloads_ = sorted({p["workload"] for p in pts})
+    strats = _strategies(result)
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    width = 0.8 / max(len(strats), 1)
+    for i, s in enumerate(strats):
+        vals = [np.nanmean([p.get("acceptance_length") or np.nan for p in pts
+                            if p["workload"] == w and p["strategy"] == s] or [np.nan]) for w in workloads_]
+        ax.bar(np.arange(len(workloads_)) + i * width, vals, width, label=s, color=COLORS.get(s))
+    ax.set_xticks(np.arange(len(workloads_)) + width * (len(strats) - 1) / 2, workloads_, fontsize=8)
+    ax.set_ylabel("mean acceptance length")
+    ax.legend(fontsize=7)
+    ax.set_title(f"Acceptance length per workload ({_engine(result)})", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def spec_memory_vs_tree(model_cfg: dict[str, Any], engine: str) -> plt.Figure:
+    """Speculative GDN state per request vs draft-tree size, from the strategies' memory accounting."""
+    import strategies
+    from strategies import DraftTree, GDNShape, MiB
+
+    shape = GDNShape.from_config(model_cfg["gdn"])
+    dtype = model_cfg["gdn"].get("state_dtype", "float32")
+    shapes = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3)]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for name in strategies.names():
+        xs, ys = [], []
+        for w in shapes:
+            tree = DraftTree.from_widths(w, root=True)
+            strat = strategies.get(name, **({"buffer_len": max(16, tree.num_nodes)} if name == "replay" else {}))
+            if not strat.supports_trees and not tree.is_chain:
+                continue
+            xs.append(tree.num_drafts)
+            ys.append(strat.memory(shape, tree, state_dtype=dtype).speculative_bytes / MiB)
+        ax.plot(xs, ys, marker="o", label=name, color=COLORS.get(name))
+    ax.set_xlabel("draft nodes (widths (1,1,1) ... (3,3,3))")
+    ax.set_ylabel("speculative state per request (MiB)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    ax.set_title(f"Speculative GDN state vs draft-tree size, {model_cfg.get('display_name', '')} "
+                 f"({dtype}; accounting, not {engine} runs)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _load_name(pts) -> str:
+    kinds = {p["load_kind"] for p in pts}
+    return kinds.pop() if len(kinds) == 1 else "load"

@@ -1,0 +1,210 @@
+"""Sweeps end to end on the simulator: store, resume, failures, analysis math, reports, launchers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.regimes import Thresholds, geomean, memory_bound, ratio
+from harness.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["sweep=quick", "gpu=h200", "engine=sim"]
+
+
+def harness(*args, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMITBENCH_CACHE", str(tmp_path / "cache"))
+
+
+# -- the front door -------------------------------------------------------------
+
+def test_sweep_writes_points_analysis_and_reports(tmp_path):
+    out = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "gmu=0.6,0.9")
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = Store(tmp_path / "s")
+    summaries = list(store.summaries())
+    assert len(summaries) == 8 and all(s["status"] == "ok" for s in summaries)  # 2 gmu x 2 loads x 2 strategies
+    s = summaries[0]
+    assert s["engine"] == "sim" and s["provenance"]["torch"] and "git_commit" in s["provenance"]
+    assert s["config"]["model"]["name"] == "qwen35_35b" and s["config"]["gpu"]["name"] == "h200"
+    assert len(store.requests(s["point_id"])) == s["config"]["requests"]
+    analysis = json.loads((tmp_path / "s" / "analysis.json").read_text())
+    assert analysis["counts"]["groups"] == 4 and analysis["engine"] == "sim"
+    html = (tmp_path / "s" / "report.html").read_text()
+    assert "engine: sim" in html and html.count("data:image/png;base64") == 6 and "sortTable" in html
+    assert (tmp_path / "s" / "report.pdf").read_bytes()[:5] == b"%PDF-"
+    assert "memory-bound" in out.stdout and "report:" in out.stdout
+
+
+def test_rerun_skips_finished_points(tmp_path):
+    args = ("sweep", *QUICK, f"out={tmp_path / 's'}", "report=false")
+    assert harness(*args).returncode == 0
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "s" / "points").iterdir()}
+    again = harness(*args)
+    assert again.returncode == 0 and "4 already in" in again.stdout and "0 to run" in again.stdout
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "s" / "points").iterdir()}
+
+
+def test_resume_after_a_killed_sweep(tmp_path):
+    """SIGKILL mid-sweep: every stored point is whole; the rerun redoes none of them and finishes the rest."""
+    out = tmp_path / "s"
+    args = [sys.executable, "-m", "harness", "sweep", *QUICK, "concurrency=1,2,4,8,16,32,64,128,256",
+            "workload=balanced_chat,generation_heavy", f"out={out}", "report=false"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env={**os.environ})
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        pts = out / "points"
+        done = [p for p in pts.glob("*") if not p.name.startswith(".")] if pts.exists() else []
+        if len(done) >= 4:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = Store(out)
+    before = {s["point_id"]: (out / "points" / s["point_id"] / "summary.json").stat().st_mtime_ns
+              for s in store.summaries()}
+    assert 4 <= len(before) < 36, "the kill must land mid-sweep"
+    for pid in before:  # whole points only: summary and requests both there and readable
+        assert store.status(pid) == "ok" and store.requests(pid)
+    rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"{len(before)} already in" in rerun.stdout
+    after = {s["point_id"]: (out / "points" / s["point_id"] / "summary.json").stat().st_mtime_ns
+             for s in store.summaries()}
+    assert len(after) == 36 and all(after[p] == before[p] for p in before)
+
+
+def test_a_failing_point_is_recorded_and_the_rest_completes(tmp_path):
+    # gmu=0.42 leaves the 35B model no KV memory on an H200: that point fails, the others run.
+    out = harness("sweep", *QUICK, "gmu=0.42,0.9", f"out={tmp_path / 's'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    statuses = {s["point_id"]: s for s in Store(tmp_path / "s").summaries()}
+    failed = [s for s in statuses.values() if s["status"] == "failed"]
+    assert len(statuses) == 8 and len(failed) == 4
+    assert all("gmu=0.42" in s["reason"] and "leaves no KV memory" in s["reason"] for s in failed)
+    assert "failed:" in out.stdout and "(4 failed)" in out.stdout
+    assert "leaves no KV memory" in (tmp_path / "s" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("override, match", [
+    ("gmu=1.4", r"gmu=1.4: must be in \(0, 1\]"),
+    ("strategy=nope", "strategy=nope: unknown; choose from store_all, replay, treewy, treewy_deferred"),
+    ("workload=nope", "workload=nope: unknown; choose from balanced_chat, burstgpt"),
+    ("model=qwen35_35b,qwen35_397b", "only the grid's axes take several values"),
+    ("concurrency=0", "concurrency=0: must be a whole number >= 1"),
+    ("draft=banana", "draft='banana': not a draft shape"),
+    ("sweep=nope", "Could not find 'sweep/nope'"),
+])
+def test_bad_overrides_are_clear(tmp_path, override, match):
+    import re
+
+    out = harness("sweep", "engine=sim", override, f"out={tmp_path / 's'}", timeout=120)
+    assert out.returncode == 2
+    assert re.search(match, out.stderr), out.stderr
+
+
+def test_run_one_point_and_compare_two_sweeps(tmp_path):
+    one = harness("run", "workload=balanced_chat", "gmu=0.9", "concurrency=16", "strategy=treewy",
+                  f"out={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert json.loads(one.stdout)["status"] == "ok"
+    many = harness("run", "workload=balanced_chat", "gmu=0.6,0.9", f"out={tmp_path / 'one'}")
+    assert many.returncode == 2 and "describe 2 points" in many.stderr
+    for name in ("a", "b"):
+        assert harness("sweep", *QUICK, f"out={tmp_path / name}", "report=false").returncode == 0
+    cmp = harness("compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert cmp.returncode == 0 and "4 common points" in cmp.stdout and "agrees on 4" in cmp.stdout
+    rep = harness("report", str(tmp_path / "a"))
+    assert rep.returncode == 0 and (tmp_path / "a" / "report.pdf").is_file()
+    bad = harness("analyze", str(tmp_path / "nothing"))
+    assert bad.returncode == 2 and "not a sweep folder" in bad.stderr
+
+
+# -- Hydra launchers: the scale-out route ------------------------------------------
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_hydra_launchers_fan_points_into_one_store(tmp_path, launcher):
+    """submitit_local is the Slurm launcher's local executor: the same job code, no cluster."""
+    out = subprocess.run([sys.executable, "-m", "harness.point", "--multirun", f"hydra/launcher={launcher}",
+                          "workload=balanced_chat", "gmu=0.6,0.9", "strategy=store_all,treewy", "concurrency=64",
+                          f"out={tmp_path / 'h'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = Store(tmp_path / "h")
+    assert sorted(s["status"] for s in store.summaries()) == ["ok"] * 4
+    ana = harness("analyze", str(tmp_path / "h"))
+    assert ana.returncode == 0 and "memory-bound" in ana.stdout
+
+
+def test_concurrent_writers_keep_the_first_complete_point(tmp_path):
+    store = Store(tmp_path)
+    store.write("p", {"status": "ok", "v": 1}, [{"id": 0}])
+    store.write("p", {"status": "ok", "v": 2}, [{"id": 1}])   # a late duplicate is dropped
+    assert json.loads((tmp_path / "points" / "p" / "summary.json").read_text())["v"] == 1
+    store.write("q", {"status": "failed", "reason": "x"}, None)
+    store.write("q", {"status": "ok", "v": 3}, [{"id": 0}])   # a retry replaces a failure
+    assert store.status("q") == "ok"
+    assert not [p for p in (tmp_path / "points").iterdir() if p.name.startswith(".")]
+
+
+# -- analysis math on hand-made numbers ------------------------------------------
+
+@pytest.mark.parametrize("peak, preempt, waited, bound, reason", [
+    (0.97, 0, 0, True, "peak KV"),
+    (0.50, 3, 0, True, "3 preemptions"),
+    (0.90, 0, 6, True, "6% of requests"),
+    (0.90, 0, 4, False, "never"),
+])
+def test_memory_bound_classification(peak, preempt, waited, bound, reason):
+    metrics = {"peak_kv_usage": peak, "preemptions": preempt, "requests_waited_for_memory": waited, "requests": 100}
+    got, why = memory_bound(metrics, Thresholds())
+    assert got is bound and reason in why
+
+
+def test_ratios_and_geomean_by_hand():
+    s, b = {"output_throughput": 300.0, "ttft_p99": 2.0}, {"output_throughput": 200.0, "ttft_p99": 8.0}
+    assert ratio(s, b, "throughput") == 1.5 and ratio(s, b, "p99_ttft") == 4.0
+    assert ratio({"output_throughput": None}, b, "throughput") is None
+    g = geomean([1.0, 4.0, 2.0, 8.0])
+    assert g["geomean"] == pytest.approx(math.exp(np.log([1, 4, 2, 8]).mean())) == pytest.approx(2.8284, rel=1e-4)
+    assert g["lo"] <= g["geomean"] <= g["hi"] and g["n"] == 4
+    # The percentile bootstrap of the mean of logs: its interval matches a hand-rolled one closely.
+    rng = np.random.default_rng(0)
+    x = np.log([1.0, 4.0, 2.0, 8.0])
+    means = x[rng.integers(0, 4, (20000, 4))].mean(1)
+    assert g["lo"] == pytest.approx(math.exp(np.quantile(means, 0.025)), rel=0.05)
+    assert g["hi"] == pytest.approx(math.exp(np.quantile(means, 0.975)), rel=0.05)
+    one = geomean([3.0])
+    assert one["n"] == 1 and one["geomean"] == pytest.approx(3.0) == one["lo"] == one["hi"]
+    assert geomean([])["geomean"] is None
+
+
+# -- the report in a real browser (where Chromium is installed) ------------------
+
+@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver") and shutil.which("pdftoppm")),
+                    reason="Debian's chromium, chromium-driver and poppler-utils are not installed")
+def test_report_opens_in_headless_chromium_without_console_errors(tmp_path):
+    pytest.importorskip("selenium")
+    assert harness("sweep", *QUICK, f"out={tmp_path / 's'}").returncode == 0
+    out = subprocess.run([sys.executable, "-m", "reports.browser_check", str(tmp_path / "s")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 console errors" in out.stdout
+    assert (tmp_path / "s" / "render" / "report-html.png").stat().st_size > 10_000
+    assert len(list((tmp_path / "s" / "render").glob("report-pdf-*.png"))) >= 3
