@@ -37,6 +37,10 @@ def make_figures(store, result) -> list[tuple[str, Any]]:
             ("Acceptance length per workload", figures.acceptance_per_workload(result))]
     if model_cfg:
         figs.append(("Speculative state vs draft-tree size", figures.spec_memory_vs_tree(model_cfg, result["engine"])))
+    trees = figures.acceptance_vs_tree(Path(__file__).resolve().parents[1] / "results" / "acceptance" /
+                                       "tree_widths.json")
+    if trees is not None:
+        figs.append(("Acceptance length vs draft tree (the acceptance gate's tiny hybrid)", trees))
     return figs
 
 

@@ -192,3 +192,25 @@ def spec_memory_vs_tree(model_cfg: dict[str, Any], engine: str) -> plt.Figure:
 def _load_name(pts) -> str:
     kinds = {p["load_kind"] for p in pts}
     return kinds.pop() if len(kinds) == 1 else "load"
+
+
+def acceptance_vs_tree(path) -> plt.Figure | None:
+    """The acceptance gate's tree-width sweep (results/acceptance/tree_widths.json), if recorded."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    trees = data["trees"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    ax.plot([t["drafts"] for t in trees], [t["acceptance_length"] for t in trees], marker="o", color=COLORS["treewy"])
+    for t in trees:
+        ax.annotate(f"({t['widths']})", (t["drafts"], t["acceptance_length"]), fontsize=7, textcoords="offset points",
+                    xytext=(3, -10))
+    ax.set_xlabel("draft nodes")
+    ax.set_ylabel("acceptance length")
+    ax.set_title(f"Acceptance length vs draft tree ({data['engine']})", fontsize=9)
+    fig.tight_layout()
+    return fig

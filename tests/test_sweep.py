@@ -47,7 +47,7 @@ def test_sweep_writes_points_analysis_and_reports(tmp_path):
     analysis = json.loads((tmp_path / "s" / "analysis.json").read_text())
     assert analysis["counts"]["groups"] == 4 and analysis["engine"] == "sim"
     html = (tmp_path / "s" / "report.html").read_text()
-    assert "engine: sim" in html and html.count("data:image/png;base64") == 6 and "sortTable" in html
+    assert "engine: sim" in html and html.count("data:image/png;base64") == 7 and "sortTable" in html
     assert (tmp_path / "s" / "report.pdf").read_bytes()[:5] == b"%PDF-"
     assert "memory-bound" in out.stdout and "report:" in out.stdout
 
