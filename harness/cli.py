@@ -14,8 +14,8 @@ from typing import Callable
 # (command words, config name, one-line help, runner module:function, positional args)
 COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
     (("sweep",), "sweep",
-     "run a grid (sweep=default|paper_35b|paper_trees|quick, gmu=0.6,0.9, strategy=..., engine=auto|sim) into a "
-     "result folder, resumable; analyse it and write report.html / report.pdf",
+     "run a grid (sweep=default|paper_35b|paper_trees|quick|ci_vllm|h200_35b, gmu=0.6,0.9, strategy=..., "
+     "engine=auto|sim|vllm) into a result folder, resumable; analyse it and write report.html / report.pdf",
      "harness.sweep:run", ()),
     (("run",), "run", "one point (workload=, gmu=, concurrency= or rate=, strategy=, draft=) into out=DIR",
      "harness.results_cli:run_one", ()),
@@ -34,6 +34,9 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
     (("workloads", "describe"), "workloads_describe",
      "a workload's request count, length percentiles and histograms (workload=sharegpt|spec_bench|...)",
      "harness.workloads_cli:describe", ()),
+    (("workloads", "export"), "workloads_export",
+     "a workload's requests as a JSONL of lengths (out=FILE), replayable anywhere with workload.source=lengths",
+     "harness.workloads_cli:export", ()),
     (("workloads", "build-tokenizer"), "workloads_build_tokenizer",
      "retrain the bundled fallback BPE tokenizer from the ShareGPT package",
      "harness.workloads_cli:build_tokenizer", ()),
@@ -46,6 +49,9 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
     (("bench", "workloads"), "bench_workloads",
      "time loading the whole ShareGPT package, cold and from the cache",
      "harness.workloads_cli:bench", ()),
+    (("bench", "loadgen"), "bench_loadgen",
+     "the streaming load generator against a stub server: achieved rate and schedule lag (rate=500, chunks=16)",
+     "harness.bench.loadgen:run", ()),
 ]
 # Commands whose overrides may use Hydra's sweep syntax on the grid's axes (gmu=0.6,0.9).
 GRID_CONFIGS = {"sweep", "run"}

@@ -15,6 +15,7 @@ result store, which is safe for concurrent writers.
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 from typing import Any
@@ -59,14 +60,45 @@ def build_point(cfg: dict[str, Any]) -> Point:
                  max_model_len=int(cfg["max_model_len"]), seed=int(cfg.get("seed", 0)))
 
 
-def engine_for(cfg: dict[str, Any]):
-    name = cfg["engine"]["name"]
+_ENGINES: dict[str, Any] = {}
+
+
+def engine_for(cfg: dict[str, Any], store: Store | None = None):
+    """The engine for a point; one instance per engine config and process, so a vLLM server started
+    for one point serves the next points that share its settings (close_engines() stops it)."""
+    import json
+
+    ecfg = cfg["engine"]
+    key = json.dumps(ecfg, sort_keys=True, default=str)
+    if key in _ENGINES:
+        return _ENGINES[key]
+    name = ecfg["name"]
     if name == "sim":
         from .engines.sim.engine import SimEngine
 
-        return SimEngine(cfg["engine"])
-    raise ValueError(f"engine={name}: sweeps run on the simulator for now (the vLLM sweep engine is the next "
-                     "issue); for real vLLM runs use python -m harness.engines.vllm.matrix")
+        engine = SimEngine(ecfg)
+    elif name == "vllm":
+        from .engines.vllm.engine import VLLMEngine
+
+        log_dir = ecfg.get("log_dir") or (store.root / "engine-logs" if store is not None else None)
+        engine = VLLMEngine(ecfg, log_dir=log_dir)
+    else:
+        raise ValueError(f"engine={name}: unknown; choose sim, vllm or auto (conf/engine/)")
+    _ENGINES[key] = engine
+    return engine
+
+
+def close_engines() -> None:
+    """Stop every engine's server (a no-op for the simulator)."""
+    for engine in list(_ENGINES.values()):
+        close = getattr(engine, "close", None)
+        if close:
+            close()
+    _ENGINES.clear()
+    if "harness.engines.vllm.server" in sys.modules:   # only if a server could exist
+        from .engines.vllm.server import stop_all
+
+        stop_all()
 
 
 def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
@@ -75,7 +107,7 @@ def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
     t0 = time.perf_counter()
     summary: dict[str, Any] = {"point_id": pid, "config": cfg, "engine": cfg["engine"]["name"]}
     try:
-        result: PointResult = engine_for(cfg).run(build_point(cfg))
+        result: PointResult = engine_for(cfg, store).run(build_point(cfg))
         recs = [r.__dict__ for r in result.requests]
         summary.update(status="ok", metrics=point_metrics(result.requests, result.telemetry),
                        telemetry=result.telemetry)
@@ -112,7 +144,10 @@ def main() -> None:
         if not (store.root / "sweep.json").exists():  # the first job describes the sweep (atomic; any may)
             store.init({"sweep_name": "hydra-multirun", "model": c["model"]["name"], "gpu": c["gpu"]["name"],
                         "baseline": c.get("baseline", "store_all"), "thresholds": c.get("thresholds")})
-        s = run_point(pc, store)
+        try:
+            s = run_point(pc, store)
+        finally:
+            close_engines()
         print(f"{s['point_id']}: {s['status']}{'' if s['status'] == 'ok' else ' (' + s['reason'] + ')'}")
 
     job()

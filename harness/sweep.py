@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 import strategies
 
 from .config import compose, conf_dir, parse_draft
-from .point import point_id, run_point
+from .point import close_engines, point_id, run_point
 from .store import Store
 
 AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft", "seed")
@@ -77,12 +77,14 @@ def resolve_engine(name: str, quiet: bool = False) -> str:
         have_vllm = True
     except ImportError:
         have_vllm = False
-    choice = "sim"
-    why = ("no CUDA GPU" if not cuda else "vLLM not installed" if not have_vllm
-           else "a CUDA GPU and vLLM are here, but sweeps run on the simulator until the vLLM sweep engine lands")
+    if cuda and have_vllm:
+        if not quiet:
+            print("engine=auto: a CUDA GPU and vLLM are here: using vLLM (engine: vllm)", file=sys.stderr)
+        return "vllm"
+    why = "no CUDA GPU" if not cuda else "vLLM not installed"
     if not quiet:
-        print(f"engine=auto: using the simulator (engine: sim): {why}", file=sys.stderr)
-    return choice
+        print(f"engine=auto: using the simulator (engine: sim): {why}; engine=vllm forces vLLM", file=sys.stderr)
+    return "sim"
 
 
 def validate(cfg: dict[str, Any]) -> None:
@@ -122,6 +124,8 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for wname in _as_list(cfg["workloads"]):
         wl = OmegaConf.to_container(OmegaConf.load(conf_dir() / "workload" / f"{wname}.yaml"), resolve=True)
+        if (cfg.get("replay") or {}).get(wname):
+            wl = replayed(wl, cfg["replay"][wname], wname)
         kind = (wl.get("arrival") or {}).get("kind", "closed")
         if kind == "closed":
             loads = [({"kind": "closed", "concurrency": int(c)},
@@ -144,6 +148,16 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
                             "max_model_len": cfg["max_model_len"], "seed": cfg.get("seed", 0)})
     return out
+
+
+def replayed(wl: dict[str, Any], path: str, name: str) -> dict[str, Any]:
+    """``replay.<workload>=FILE``: the same requests from an export (``workloads export``), e.g. on a
+    host without the dataset; the point keeps the workload's name and says where they came from."""
+    if not Path(path).expanduser().is_file():
+        raise ValueError(f"replay.{name}={path}: no such file; write it with `python -m harness workloads export "
+                         f"workload={name} out={path}` where the dataset is")
+    return {"source": "lengths", "path": str(path), "shuffle": False, "filters": None, "seed": wl.get("seed", 0),
+            "arrival": wl.get("arrival"), "num_requests": wl.get("num_requests"), "replay_of": wl}
 
 
 def default_out(cfg: dict[str, Any]) -> Path:
@@ -175,6 +189,12 @@ def run(cfg: DictConfig) -> int:
         if status == "ok" or (status == "failed" and not c.get("retry_failed", True)):
             continue
         todo.append(p)
+    engine_name = points[0]["engine"]["name"] if points else "-"
+    if engine_name == "vllm":
+        if int(c.get("jobs", 1)) > 1:
+            raise ValueError(f"jobs={c.get('jobs')}: engine=vllm points share one server and GPU; use jobs=1")
+        # Points that share a server's settings run back to back: one start per (gmu, draft, strategy).
+        todo.sort(key=server_key)
     console = make_console()
     console.print(f"[bold]sweep {c.get('sweep_name')}[/]: {len(points)} points, {len(points) - len(todo)} already "
                   f"in {out}, {len(todo)} to run (engine: {points[0]['engine']['name'] if points else '-'})")
@@ -188,10 +208,13 @@ def run(cfg: DictConfig) -> int:
                 failed += s["status"] != "ok"
                 bar.update(task, advance=1, description=f"{s['point_id'][:60]:<60}")
     except KeyboardInterrupt:
+        close_engines()
         done = sum(1 for _ in store.summaries())
         console.print(f"interrupted: {done} points are stored and readable in {out}; rerun the same command to "
                       "resume")
         return 130
+    finally:
+        close_engines()
     console.print(f"ran {len(todo)} points in {time.perf_counter() - t0:.1f} s ({failed} failed)")
     from analysis.sweep import analyze, print_summary
 
@@ -203,6 +226,11 @@ def run(cfg: DictConfig) -> int:
         report_path = build_report(store, result)
     print_summary(result, console, report_path)
     return 0
+
+
+def server_key(p: dict[str, Any]) -> tuple:
+    """What decides a vLLM server's settings; points with equal keys reuse one server."""
+    return (p["gmu"], p.get("draft") or "", p["strategy"], p["max_num_seqs"], p["max_model_len"])
 
 
 def _execute(todo: list[dict[str, Any]], store: Store, jobs: int):

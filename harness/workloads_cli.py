@@ -121,3 +121,24 @@ def bench(cfg: DictConfig) -> int:
     console.print(f"cold load (parse + tokenise + filter): {cold:.2f} s; warm (cache): "
                   f"{min(warm):.3f} s min of {len(warm)}; {len(reqs)} requests (this machine's wall time)")
     return 0
+
+
+def export(cfg: DictConfig) -> int:
+    """The workload's requests, in order, as JSONL lengths (``source: lengths`` reads them back)."""
+    wl = OmegaConf.to_container(cfg.workload, resolve=True)
+    if (wl.get("arrival") or {}).get("kind", "closed") == "trace":
+        raise ValueError("workloads export: a trace's timestamps are not exported; export a closed-loop or "
+                         "rate workload (workload.arrival.kind=poisson)")
+    reqs, report = workloads.build(wl).requests()
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = {"exported_from": f"{wl.get('source')}:{wl.get('path') or 'default'}", "tokenizer": report.tokenizer,
+            "seed": wl.get("seed", 0), "filters": wl.get("filters"), "counts": report.counts}
+    with open(out, "w") as f:
+        f.write(json.dumps(head) + "\n")
+        for r in reqs:
+            f.write(json.dumps({"prompt_len": r.prompt_len, "output_len": r.output_len, "category": r.category,
+                                "source_id": r.source_id}) + "\n")
+    print(f"wrote {len(reqs):,} requests to {out}; replay them with workload.source=lengths "
+          f"workload.path={out} workload.shuffle=false workload.filters=null")
+    return 0

@@ -16,16 +16,18 @@ from .arrivals import Arrival
 from .base import LoadReport, Workload
 from .burstgpt import BurstGPT
 from .filters import LengthFilter
+from .lengths import Lengths
 from .request import Request
 from .sharegpt import ShareGPT
 from .spec_bench import SpecBench
 from .synthetic import Synthetic
 
-SOURCES: dict[str, type[Workload]] = {c.name: c for c in (ShareGPT, SpecBench, BurstGPT, Synthetic)}
+SOURCES: dict[str, type[Workload]] = {c.name: c for c in (ShareGPT, SpecBench, BurstGPT, Synthetic, Lengths)}
 
 
 def build(cfg: Mapping[str, Any]) -> Workload:
-    """The workload a config describes (``cfg["source"]``: sharegpt | spec_bench | burstgpt | synthetic)."""
+    """The workload a config describes (``cfg["source"]``: sharegpt | spec_bench | burstgpt | synthetic |
+    lengths)."""
     source = cfg.get("source")
     if source not in SOURCES:
         raise ValueError(f"workload.source={source!r}: unknown; use one of {', '.join(SOURCES)}")

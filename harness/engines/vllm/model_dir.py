@@ -1,8 +1,10 @@
-"""Hugging Face model dirs (config.json only) for vLLM to run with generated weights.
+"""Hugging Face model dirs for vLLM to run with generated weights: config.json and a tokenizer.
 
-No weights and no tokenizer are written: vLLM runs them with
-``load_format="dummy"`` (or the plugin's ``commitbench_random``),
-``skip_tokenizer_init=True`` and token-id prompts. Qwen3.5 configs follow the
+No weights are written: vLLM runs them with ``load_format="dummy"`` (or the plugin's
+``commitbench_random``) and token-id prompts. Offline runs skip the tokenizer
+(``skip_tokenizer_init=True``); the OpenAI server needs one to detokenize its stream, so every
+dir also gets a word-level tokenizer with one token per id of the model's vocabulary
+(``t0 t1 ...``): whatever ids the random weights emit decode, and nothing is downloaded. Qwen3.5 configs follow the
 layout vLLM 0.26 ran on the H200 (``../shared/device/make_qwen35_config.py``):
 the ``...ForConditionalGeneration`` architecture with a ``text_config`` and a
 vision stub that ``language_model_only=True`` never builds.
@@ -89,14 +91,32 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def write(spec: ModelSpec, out: str | Path) -> Path:
-    """Write ``out/config.json`` and ``out/generation_config.json``; returns ``out``."""
+def write_tokenizer(vocab_size: int, out: str | Path, eos_token_id: int | None = None) -> None:
+    """A word-level tokenizer covering ids ``0..vocab_size-1`` (``tokenizer.json`` + config)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    out = Path(out)
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")   # joins tokens with spaces
+    tok.save(str(out / "tokenizer.json"))
+    eos = f"t{eos_token_id}" if eos_token_id is not None and eos_token_id < vocab_size else None
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20, "eos_token": eos,
+        "unk_token": "t0", "clean_up_tokenization_spaces": False}, indent=2))
+
+
+def write(spec: ModelSpec, out: str | Path, tokenizer: bool = True) -> Path:
+    """Write ``out/config.json``, ``out/generation_config.json`` and (``tokenizer``) a tokenizer."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = hf_config(spec)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     eos = cfg.get("eos_token_id", cfg.get("text_config", {}).get("eos_token_id"))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}, indent=2))
+    if tokenizer:
+        write_tokenizer(spec.vocab_size, out, eos)
     return out
 
 

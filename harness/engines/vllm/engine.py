@@ -1,0 +1,263 @@
+"""``engine=vllm``: sweep points against a real vLLM OpenAI server, in the simulator's result schema.
+
+One :class:`VLLMEngine` lives for a whole sweep. For each point it
+
+1. works out the server's settings (model dir, strategy via the plugin, gmu or KV bytes,
+   ``max_num_seqs``, ``num_speculative_tokens``, synthetic acceptance rates, prefix caching off),
+   reusing the running server when they match and restarting it when they do not;
+2. sends warm-up requests (not counted);
+3. offers the point's requests with :mod:`.loadgen` while :mod:`.scrape` samples ``/metrics``;
+4. diffs the counters (acceptance length, preemptions), checks prefix caching stayed off and the
+   server is still alive, and returns per-request records plus telemetry.
+
+A server that fails to start (bad model dir, OOM, port taken, never healthy) or dies mid-run
+raises :class:`~.server.ServerFailed`; the sweep records the point as failed with that message
+and goes on. Every server is stopped, process group and all, when the sweep ends or is
+interrupted. Weights are ``load_format=dummy`` and acceptance is vLLM's synthetic acceptance
+(``rejection_sample_method=synthetic``): every result says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from workloads import Arrival, Request
+
+from ..base import Point, PointResult
+from . import loadgen, scrape
+from .server import ServerFailed, ServerSettings, VLLMServer
+
+DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commitbench" / "models"
+
+
+def model_dir_for(point: Point, cfg: Mapping[str, Any]) -> Path:
+    """``engine.model_dir`` as given, else a generated dir (config.json + tokenizer) per model config."""
+    if cfg.get("model_dir"):
+        return Path(cfg["model_dir"]).expanduser()
+    from .model_dir import hf_config, write
+
+    text = json.dumps(hf_config(point.model), sort_keys=True)
+    root = Path(cfg.get("model_root") or DEFAULT_MODEL_ROOT).expanduser()
+    out = root / f"{point.model.name}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+    if not (out / "tokenizer.json").is_file():
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        write(point.model, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:   # another process wrote it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> ServerSettings:
+    tree = point.tree
+    rates: tuple[float, ...] = ()
+    num_spec = 0
+    if tree is not None:
+        if not tree.is_chain:
+            raise ValueError(f"draft={tree.label.removesuffix('+root')}: vLLM's MTP proposer drafts chains only; "
+                             "run tree shapes on the simulator (engine=sim) or use draft=chain:K")
+        num_spec = tree.num_drafts
+        if cfg.get("synthetic_acceptance", True):
+            from ..sim.acceptance import rates_for
+
+            rates = tuple(float(r) for r in rates_for(tree, cfg["acceptance"]))
+    env = tuple(sorted((str(k), str(v)) for k, v in (cfg.get("env") or {}).items()))
+    return ServerSettings(
+        model_dir=str(model_dir), strategy=point.strategy if tree is not None else "store_all",
+        buffer_len=int(cfg.get("buffer_len", 16)), num_spec=num_spec, acceptance_rates=rates,
+        gmu=None if cfg.get("kv_cache_bytes") else point.gmu,
+        kv_cache_bytes=int(cfg["kv_cache_bytes"]) if cfg.get("kv_cache_bytes") else None,
+        max_model_len=point.max_model_len, max_num_seqs=point.max_num_seqs,
+        max_num_batched_tokens=point.max_num_batched_tokens, load_format=cfg.get("load_format", "dummy"),
+        dtype=point.model.dtype, enforce_eager=bool(cfg.get("enforce_eager", False)),
+        cudagraph_mode=cfg.get("cudagraph_mode"),
+        language_model_only=point.model.architecture.endswith("ForConditionalGeneration"),
+        gdn_prefill_backend=cfg.get("gdn_prefill_backend"), extra_args=tuple(cfg.get("extra_args") or ()), env=env)
+
+
+def device_name() -> str:
+    """The GPU's name from nvidia-smi (no torch import in the harness), else the CPU's."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip().splitlines()
+            if out:
+                return f"{out[0]}" + (f" x{len(out)}" if len(out) > 1 else "")
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"cpu: {line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return f"cpu: {platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def _get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, cfg: Mapping[str, Any], log_dir: Path | None = None):
+        self.cfg = dict(cfg)
+        self.log_dir = Path(log_dir) if log_dir else Path(self.cfg.get("log_dir") or "results/engine-logs")
+        self.server: VLLMServer | None = None
+        self.settings: ServerSettings | None = None
+        self.starts = 0
+        self.startup: dict[str, Any] = {}
+        self.failed: dict[ServerSettings, str] = {}   # settings whose server would not start: fail fast
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _ensure_server(self, settings: ServerSettings) -> VLLMServer:
+        if self.server is not None and self.settings == settings and self.server.alive():
+            return self.server
+        self.close()
+        if settings in self.failed:
+            raise ServerFailed(f"not retried in this sweep: {self.failed[settings]}")
+        self.starts += 1
+        tag = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{self.starts}-{settings.strategy}"
+        server = VLLMServer(settings, self.log_dir / f"vllm-{tag}.log", port=self.cfg.get("port"),
+                            startup_timeout_s=float(self.cfg.get("startup_timeout_s", 900)))
+        what = (f"strategy={settings.strategy} k={settings.num_spec} "
+                + (f"kv_cache_bytes={settings.kv_cache_bytes}" if settings.kv_cache_bytes else f"gmu={settings.gmu}")
+                + f" max_num_seqs={settings.max_num_seqs}")
+        print(f"starting vLLM ({what}); log {server.log_path}", file=sys.stderr, flush=True)
+        try:
+            server.start()
+        except ServerFailed as e:
+            self.failed[settings] = str(e).splitlines()[0]
+            raise
+        print(f"vLLM healthy after {server.started_s:.0f} s on {server.url}", file=sys.stderr, flush=True)
+        self.server, self.settings = server, settings
+        self.startup = self._describe_start(server)
+        return server
+
+    def _describe_start(self, server: VLLMServer) -> dict[str, Any]:
+        s = scrape.parse_metrics(_get(server.url + "/metrics"))
+        info = scrape.cache_config(s)
+        if info.get("enable_prefix_caching", "False") != "False":
+            server.stop()
+            raise ServerFailed(f"prefix caching is on (cache_config_info enable_prefix_caching="
+                               f"{info.get('enable_prefix_caching')}) although the server was started with "
+                               "--no-enable-prefix-caching; check engine.extra_args")
+        try:
+            version = json.loads(_get(server.url + "/version")).get("version")
+        except Exception:
+            version = None
+        facts = scrape.startup_facts(server.log_path.read_text(errors="replace"))
+        return {"vllm_version": version, "cache_config": info, "startup_s": server.started_s,
+                "log": str(server.log_path), "argv": server.settings.argv(server.port, server.served_name)[1:],
+                **facts}
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server, self.settings = None, None
+
+    # -- one point -----------------------------------------------------------------------------
+    def run(self, point: Point) -> PointResult:
+        model_dir = model_dir_for(point, self.cfg)
+        settings = settings_for(point, self.cfg, model_dir)
+        server = self._ensure_server(settings)
+        vocab = int(point.model.vocab_size)
+        warm = self._warm_up(server, point, vocab)
+        before = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
+        sampler = scrape.Sampler(server.url, float(self.cfg.get("metrics_hz", 4)))
+        res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
+                          seed=point.seed, request_timeout_s=float(self.cfg.get("request_timeout_s", 600)),
+                          during=sampler.loop)
+        if not server.alive():
+            rc = server.process.returncode() if server.process else None
+            failed = sum(r.error is not None for r in res.records)
+            tail = server.log_tail()
+            self.close()
+            raise ServerFailed(f"vLLM died during the run (exit code {rc}); {failed} of {len(point.requests)} "
+                               f"requests failed. Log {server.log_path}:\n{tail}")
+        after = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
+        diff = scrape.counter_diff(before, after)
+        hits = diff.get("vllm:prefix_cache_hits_total")
+        if hits:
+            raise ServerFailed(f"prefix caching served {hits:.0f} cached tokens during the run although it should "
+                               "be off; results would not measure the KV pool")
+        return PointResult(engine="vllm", requests=res.records, telemetry=self._telemetry(point, res, sampler, diff,
+                                                                                          warm))
+
+    def _warm_up(self, server: VLLMServer, point: Point, vocab: int) -> dict[str, Any]:
+        """A few short requests before the measured level (CUDA graphs captured, caches hot); not counted."""
+        n = int(self.cfg.get("warmup_requests", 4))
+        if n <= 0:
+            return {"requests": 0}
+        conc = point.arrival.max_concurrency or n
+        reqs = [Request(prompt_len=min(64, point.requests[i % len(point.requests)].prompt_len), output_len=16)
+                for i in range(n)]
+        t0 = time.perf_counter()
+        res = loadgen.run(server.url, server.served_name, reqs, Arrival(kind="closed", max_concurrency=min(n, conc)),
+                          vocab=vocab, seed=point.seed + 7919,
+                          request_timeout_s=float(self.cfg.get("request_timeout_s", 600)))
+        errors = [r.error for r in res.records if r.error]
+        if len(errors) == n:
+            raise ServerFailed(f"every warm-up request failed (first: {errors[0]}); log {server.log_path}:\n"
+                               f"{server.log_tail()}")
+        return {"requests": n, "seconds": time.perf_counter() - t0, "errors": len(errors)}
+
+    def _telemetry(self, point: Point, res: loadgen.LoadResult, sampler: scrape.Sampler, diff: dict[str, Any],
+                   warm: dict[str, Any]) -> dict[str, Any]:
+        st = self.startup
+        info = st.get("cache_config", {})
+        num_blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks", "None") not in ("None", "") else None
+        block_size = int(info["block_size"]) if str(info.get("block_size", "")).isdigit() else None
+        itl = res.itl_s
+        samples = sampler.summary(point.max_num_seqs)
+        # vLLM exports no per-request "waited for blocks": when the samples saw requests queued while
+        # the batch had room, count the requests whose TTFT exceeded engine.queued_threshold_s.
+        waited = 0
+        if samples["waiting_for_memory_s"] > 0:
+            th = float(self.cfg.get("queued_threshold_s", 1.0))
+            waited = sum(1 for r in res.records if r.first_token_s is not None and r.first_token_s - r.arrival_s > th)
+        s = self.settings
+        return {
+            "engine": "vllm",
+            "vllm_version": st.get("vllm_version"),
+            "device": device_name(),
+            "weights": f"load_format={s.load_format} (random weights: outputs are meaningless, timings are real)",
+            "acceptance": ("synthetic " + json.dumps(list(s.acceptance_rates))) if s.acceptance_rates
+            else ("model's own (MTP)" if s.num_spec else "none (no speculation)"),
+            "server": {"argv": st.get("argv"), "startup_s": st.get("startup_s"), "log": st.get("log"),
+                       "strategy": s.strategy, "buffer_len": s.buffer_len, "restarts": self.starts,
+                       "cache_config": info},
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+            "kv_cache_tokens": st.get("kv_cache_tokens"),
+            "blocks_per_request_max_len": -(-point.max_model_len // block_size) if block_size else None,
+            "max_concurrency_max_len": st.get("max_concurrency_max_len"),
+            **samples,
+            "preemptions": int(diff.get("vllm:num_preemptions_total") or 0),
+            "requests_waited_for_memory": waited,
+            "spec_decode": diff["spec_decode"],
+            "counters": {k: v for k, v in diff.items() if k != "spec_decode"},
+            "prefix_caching": "off (cache_config_info enable_prefix_caching=False; "
+                              f"{int(diff.get('vllm:prefix_cache_hits_total') or 0)} hits)",
+            "spec_state_bytes": None,
+            "itl_s": ({"mean": float(itl.mean()), "p50": float(np.percentile(itl, 50)),
+                       "p99": float(np.percentile(itl, 99))} if len(itl) else {"mean": None, "p50": None, "p99": None}),
+            "loadgen": res.check,
+            "warmup": warm,
+            "duration_s": res.duration_s,
+        }

