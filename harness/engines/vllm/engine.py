@@ -182,7 +182,7 @@ class VLLMEngine:
         sampler = scrape.Sampler(server.url, float(self.cfg.get("metrics_hz", 4)))
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
                           seed=point.seed, request_timeout_s=float(self.cfg.get("request_timeout_s", 600)),
-                          during=sampler.loop)
+                          during=sampler.loop, progress=self._progress(point))
         if not server.alive():
             rc = server.process.returncode() if server.process else None
             failed = sum(r.error is not None for r in res.records)
@@ -198,6 +198,22 @@ class VLLMEngine:
                                "be off; results would not measure the KV pool")
         return PointResult(engine="vllm", requests=res.records, telemetry=self._telemetry(point, res, sampler, diff,
                                                                                           warm))
+
+    def _progress(self, point: Point):
+        """A line on stderr every engine.progress_s seconds of a measured run: long points show life."""
+        every = float(self.cfg.get("progress_s", 30))
+        n, done, t0 = len(point.requests), [0], time.perf_counter()
+        last = [t0]
+        label = f"{point.strategy} {point.arrival.describe()}"
+
+        def tick() -> None:
+            done[0] += 1
+            now = time.perf_counter()
+            if every > 0 and now - last[0] >= every and done[0] < n:
+                last[0] = now
+                print(f"  {label}: {done[0]}/{n} requests done after {now - t0:.0f} s", file=sys.stderr, flush=True)
+
+        return tick
 
     def _warm_up(self, server: VLLMServer, point: Point, vocab: int) -> dict[str, Any]:
         """A few short requests before the measured level (CUDA graphs captured, caches hot); not counted."""
