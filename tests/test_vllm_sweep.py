@@ -170,3 +170,35 @@ def test_interrupted_sweep_stops_its_server(tmp_path):
     assert proc.returncode == 130, "".join(lines) + rest
     assert "rerun the same command to resume" in " ".join(rest.split())
     _no_orphans(f"commitbench-{proc.pid}-")
+
+
+def test_hung_engine_is_killed_and_recorded(tmp_path):
+    """SIGSTOP the whole server mid-run: requests time out, /health stays silent, the group is killed."""
+    import harness.point as point_mod
+
+    cfg = _point(tmp_path, "requests.min=200", "concurrency=[1]", "strategy=[store_all]",
+                 "engine.request_timeout_s=3")
+    stopped: list[int] = []
+
+    def freezer():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            for engine in list(point_mod._ENGINES.values()):
+                srv = getattr(engine, "server", None)
+                if srv is not None and srv.alive() and engine.startup:
+                    time.sleep(2.0)
+                    stopped.append(srv.process.pid)
+                    os.killpg(srv.process.pid, signal.SIGSTOP)
+                    return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=freezer, daemon=True)
+    t.start()
+    t0 = time.time()
+    summary = run_point(cfg, Store(tmp_path))
+    t.join(timeout=10)
+    assert stopped, "the server never came up"
+    assert summary["status"] == "failed"
+    assert "vLLM stopped answering: /health failed 3 times" in summary["reason"], summary["reason"]
+    assert time.time() - t0 < 120
+    _no_orphans(f"commitbench-{os.getpid()}-")

@@ -182,7 +182,13 @@ class VLLMEngine:
         sampler = scrape.Sampler(server.url, float(self.cfg.get("metrics_hz", 4)))
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
                           seed=point.seed, request_timeout_s=float(self.cfg.get("request_timeout_s", 600)),
-                          during=sampler.loop, progress=self._progress(point))
+                          during=sampler.loop, watchdog=self._watchdog(server), progress=self._progress(point))
+        if res.aborted:
+            finished = sum(r.finish_s is not None for r in res.records)
+            log, tail = server.log_path, server.log_tail()
+            self.close()
+            raise ServerFailed(f"{res.aborted}; {finished} of {len(point.requests)} requests had finished; its process "
+                               f"group is killed. Log {log}:\n{tail}")
         if not server.alive():
             rc = server.process.returncode() if server.process else None
             failed = sum(r.error is not None for r in res.records)
@@ -190,6 +196,13 @@ class VLLMEngine:
             self.close()
             raise ServerFailed(f"vLLM died during the run (exit code {rc}); {failed} of {len(point.requests)} "
                                f"requests failed. Log {server.log_path}:\n{tail}")
+        timeouts = sum(1 for r in res.records if (r.error or "").startswith("timeout"))
+        if timeouts and not self._healthy(server):
+            log = server.log_path
+            self.close()
+            raise ServerFailed(f"vLLM stopped answering: {timeouts} of {len(point.requests)} requests got no data for "
+                               f"{self.cfg.get('request_timeout_s', 600)} s (engine.request_timeout_s) and /health did "
+                               f"not answer; killed its process group. Log {log}")
         after = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         diff = scrape.counter_diff(before, after)
         hits = diff.get("vllm:prefix_cache_hits_total")
@@ -198,6 +211,44 @@ class VLLMEngine:
                                "be off; results would not measure the KV pool")
         return PointResult(engine="vllm", requests=res.records, telemetry=self._telemetry(point, res, sampler, diff,
                                                                                           warm))
+
+    def _watchdog(self, server: VLLMServer):
+        """Beside the load: the server's process and /health; a reason to stop the run, or never returns."""
+        every = float(self.cfg.get("health_every_s", 2.0))
+        timeout = float(self.cfg.get("health_timeout_s", 5.0))
+        allowed = int(self.cfg.get("health_failures", 3))
+
+        async def watch() -> str | None:
+            import asyncio
+
+            import aiohttp
+
+            fails = 0
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+                while True:
+                    await asyncio.sleep(every)
+                    if not server.alive():
+                        rc = server.process.returncode() if server.process else None
+                        return f"vLLM died during the run (exit code {rc})"
+                    try:
+                        async with session.get(server.url + "/health") as r:
+                            ok = r.status == 200
+                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                        ok = False
+                    fails = 0 if ok else fails + 1
+                    if fails >= allowed:
+                        return (f"vLLM stopped answering: /health failed {fails} times in a row ({timeout:g} s "
+                                "each; engine.health_timeout_s, engine.health_failures)")
+
+        return watch
+
+    @staticmethod
+    def _healthy(server: VLLMServer, timeout_s: float = 10.0) -> bool:
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=timeout_s) as r:
+                return r.status == 200
+        except (OSError, ValueError):
+            return False
 
     def _progress(self, point: Point):
         """A line on stderr every engine.progress_s seconds of a measured run: long points show life."""

@@ -43,6 +43,7 @@ class LoadResult:
     lag_s: np.ndarray                    # send time - scheduled time per request (open loop; zeros closed)
     duration_s: float
     check: dict[str, Any] = field(default_factory=dict)
+    aborted: str | None = None           # the watchdog's reason when the run was stopped early
 
 
 def prompt_ids(req: Request, index: int, vocab: int, seed: int = 0) -> list[int]:
@@ -116,8 +117,14 @@ async def _one(session, url: str, body: bytes, rec: RequestRecord, t0: float, ga
 
 async def run_async(base_url: str, model: str, requests: Sequence[Request], arrival: Arrival, *, vocab: int,
                     seed: int = 0, request_timeout_s: float = 600.0, max_connections: int = 0,
-                    during: Callable[[], Awaitable[None]] | None = None, progress=None) -> LoadResult:
-    """Offer ``requests`` to ``base_url`` under ``arrival``; ``during`` runs alongside (telemetry)."""
+                    during: Callable[[], Awaitable[None]] | None = None,
+                    watchdog: Callable[[], Awaitable[str | None]] | None = None, progress=None) -> LoadResult:
+    """Offer ``requests`` to ``base_url`` under ``arrival``.
+
+    ``during`` runs alongside (telemetry). ``watchdog``, if given, runs alongside too; when it returns
+    a reason (the server died or stopped answering), the run stops at once: requests in flight are
+    recorded as cancelled and the rest as not sent, with that reason (``LoadResult.aborted``).
+    """
     import aiohttp
 
     url = base_url.rstrip("/") + "/v1/completions"
@@ -128,65 +135,95 @@ async def run_async(base_url: str, model: str, requests: Sequence[Request], arri
     gaps: list[float] = []
     lag = np.zeros(n)
     sent = np.zeros(n)
+    started = np.zeros(n, dtype=bool)
     closed = arrival.kind == "closed"
+    sched = None
     if not closed:
         sched = np.array([r.arrival_s if r.arrival_s is not None else np.nan for r in requests], dtype=float)
         if np.isnan(sched).any():
             raise ValueError(f"arrival.kind={arrival.kind}: every request needs arrival_s (build the workload "
                              "with this arrival so it draws the schedule)")
         sched = sched - (sched.min() if n else 0.0)
+    aborted: str | None = None
     # Objects built so far (bodies, records) never die during the run: keep the collector off them,
     # which removes the 100+ ms full collections that otherwise show up as schedule lag.
     gc.collect()
     gc.freeze()
-    conn = aiohttp.TCPConnector(limit=max_connections, force_close=False, ttl_dns_cache=None)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        side = asyncio.ensure_future(during()) if during else None
-        t0 = time.perf_counter()
+    try:
+        conn = aiohttp.TCPConnector(limit=max_connections, force_close=False, ttl_dns_cache=None)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            side = asyncio.ensure_future(during()) if during else None
+            t0 = time.perf_counter()
 
-        async def go(i: int, due: float) -> None:
-            now = time.perf_counter()
-            sent[i] = now - t0
-            lag[i] = max(0.0, now - t0 - due)
-            recs[i].arrival_s = sent[i] if closed else due
-            await _one(session, url, bodies[i], recs[i], t0, gaps, request_timeout_s)
-            if progress:
-                progress()
+            async def go(i: int, due: float) -> None:
+                now = time.perf_counter()
+                started[i] = True
+                sent[i] = now - t0
+                lag[i] = max(0.0, now - t0 - due)
+                recs[i].arrival_s = sent[i] if closed else due
+                await _one(session, url, bodies[i], recs[i], t0, gaps, request_timeout_s)
+                if progress:
+                    progress()
 
-        try:
-            if closed:
-                sem = asyncio.Semaphore(int(arrival.max_concurrency))
+            async def offer() -> None:
                 tasks = []
-
-                async def gated(i: int) -> None:
-                    try:
-                        await go(i, time.perf_counter() - t0)
-                    finally:
-                        sem.release()
-
-                for i in range(n):
-                    await sem.acquire()
-                    tasks.append(asyncio.ensure_future(gated(i)))
-                await asyncio.gather(*tasks)
-            else:
-                tasks = []
-                for i in np.argsort(sched, kind="stable"):
-                    wait = sched[i] - (time.perf_counter() - t0)
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                    tasks.append(asyncio.ensure_future(go(int(i), float(sched[i]))))
-                await asyncio.gather(*tasks)
-        finally:
-            if side:
-                side.cancel()
                 try:
-                    await side
+                    if closed:
+                        sem = asyncio.Semaphore(int(arrival.max_concurrency))
+
+                        async def gated(i: int) -> None:
+                            try:
+                                await go(i, time.perf_counter() - t0)
+                            finally:
+                                sem.release()
+
+                        for i in range(n):
+                            await sem.acquire()
+                            tasks.append(asyncio.ensure_future(gated(i)))
+                    else:
+                        for i in np.argsort(sched, kind="stable"):
+                            wait = sched[i] - (time.perf_counter() - t0)
+                            if wait > 0:
+                                await asyncio.sleep(wait)
+                            tasks.append(asyncio.ensure_future(go(int(i), float(sched[i]))))
+                    await asyncio.gather(*tasks)
                 except asyncio.CancelledError:
-                    pass
-        duration = time.perf_counter() - t0
-    gc.unfreeze()
-    return LoadResult(records=recs, itl_s=np.array(gaps), lag_s=lag, duration_s=duration,
-                      check=self_check(arrival, None if closed else sched, sent, lag, recs))
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
+
+            main = asyncio.ensure_future(offer())
+            watch = asyncio.ensure_future(watchdog()) if watchdog else None
+            try:
+                if watch is None:
+                    await main
+                else:
+                    await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
+                    if watch.done() and not main.done() and watch.result():
+                        aborted = watch.result()
+                        main.cancel()
+                        await asyncio.gather(main, return_exceptions=True)
+                    else:
+                        await main
+            finally:
+                for task in (watch, side):
+                    if task is not None and not task.done():
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+            duration = time.perf_counter() - t0
+    finally:
+        gc.unfreeze()
+    if aborted:
+        for i, r in enumerate(recs):
+            if not started[i]:
+                r.error = f"not sent: {aborted}"
+            elif r.error and r.error.startswith("cancelled"):
+                r.error = f"cancelled: {aborted}"
+    res = LoadResult(records=recs, itl_s=np.array(gaps), lag_s=lag, duration_s=duration,
+                     check=self_check(arrival, sched, sent, lag, recs))
+    res.aborted = aborted
+    return res
 
 
 def run(*args, **kwargs) -> LoadResult:

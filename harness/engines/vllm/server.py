@@ -161,6 +161,10 @@ class ManagedProcess:
         _LIVE.discard(self)
         if proc is None:
             return
+        try:   # a stopped (SIGSTOP) or hung group cannot act on SIGTERM until it runs again
+            os.killpg(proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(proc.pid, sig)

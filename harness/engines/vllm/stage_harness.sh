@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Stage what the harness needs on the GPU host beyond ../shared/device/stage_vllm.sh's vLLM bundle
+# (run here, in the repo root, with the project's venv active):
+#   .whl/      hydra-core, omegaconf and antlr4 wheels (the host's image has the rest: aiohttp, uvloop,
+#              numpy, scipy, pyarrow, matplotlib, rich, joblib, tokenizers)
+#   .devdata/  ShareGPT's filtered requests as lengths (the 125 MB dataset cannot travel; see
+#              `python -m harness workloads export`)
+# Both are git-ignored. On the host, after unpacking vLLM:
+#   source /tmp/vllm-site/vllm_env.sh
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cbsite .whl/*.whl
+#   export PYTHONPATH=/tmp/cbsite:$PYTHONPATH && source harness/engines/vllm/device_setup.sh
+#   python3 -m harness sweep sweep=h200_35b replay.sharegpt=.devdata/sharegpt.jsonl out=/tmp/h200 ...
+#   tar czf $OUT/h200.tgz -C /tmp h200      # bring the result folder back as one file
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+for d in .whl .devdata; do
+  grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >>.git/info/exclude
+done
+mkdir -p .whl .devdata
+python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux2014_x86_64 --platform any -d .whl hydra-core==1.3.2 omegaconf==2.3.0
+python -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3   # sdist only on PyPI: build it
+python -m harness workloads export workload=sharegpt out=.devdata/sharegpt.jsonl
+ls -la .whl .devdata
