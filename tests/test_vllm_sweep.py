@@ -44,6 +44,30 @@ def _point(tmp: Path, *overrides: str) -> dict:
     return point_configs(cfg)[0]
 
 
+def _when_serving(action, delay_s: float) -> tuple[threading.Thread, list[int]]:
+    """A thread that waits for the point's server to be up, lets the run go ``delay_s`` (past the
+    warm-up), then calls ``action(pid)`` on the server's process; returns it and the pids acted on."""
+    import harness.point as point_mod
+
+    acted: list[int] = []
+
+    def watch():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            for engine in list(point_mod._ENGINES.values()):
+                srv = getattr(engine, "server", None)
+                if srv is not None and srv.alive() and engine.startup:
+                    time.sleep(delay_s)
+                    acted.append(srv.process.pid)
+                    action(srv.process.pid)
+                    return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t, acted
+
+
 @pytest.fixture(autouse=True)
 def _cleanup():
     yield
@@ -121,27 +145,10 @@ def test_bad_model_dir_is_a_clear_recorded_failure(tmp_path):
 
 
 def test_engine_killed_mid_run_is_recorded_and_cleaned_up(tmp_path):
-    """SIGKILL the API server while requests stream: the point fails with the reason, the engine
-    core and worker it left behind are killed, and the next point starts a fresh server."""
-    import harness.point as point_mod
-
+    """SIGKILL the API server while requests stream: the point fails with the reason, and the engine
+    core and worker it left behind are killed."""
     cfg = _point(tmp_path, "requests.min=200", "concurrency=[1]", "strategy=[store_all]")
-    killed: list[int] = []
-
-    def killer():
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            for engine in list(point_mod._ENGINES.values()):
-                srv = getattr(engine, "server", None)
-                if srv is not None and srv.alive() and engine.startup:
-                    time.sleep(3.0)   # past the warm-up, into the measured run
-                    killed.append(srv.process.pid)
-                    os.kill(srv.process.pid, signal.SIGKILL)
-                    return
-            time.sleep(0.2)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    t, killed = _when_serving(lambda pid: os.kill(pid, signal.SIGKILL), 3.0)
     summary = run_point(cfg, Store(tmp_path))
     t.join(timeout=10)
     assert killed, "the server never came up"
@@ -173,27 +180,10 @@ def test_interrupted_sweep_stops_its_server(tmp_path):
 
 
 def test_hung_engine_is_killed_and_recorded(tmp_path):
-    """SIGSTOP the whole server mid-run: requests time out, /health stays silent, the group is killed."""
-    import harness.point as point_mod
-
+    """SIGSTOP the whole server mid-run: /health stays silent, the watchdog stops the point, the group is killed."""
     cfg = _point(tmp_path, "requests.min=200", "concurrency=[1]", "strategy=[store_all]",
                  "engine.request_timeout_s=3")
-    stopped: list[int] = []
-
-    def freezer():
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            for engine in list(point_mod._ENGINES.values()):
-                srv = getattr(engine, "server", None)
-                if srv is not None and srv.alive() and engine.startup:
-                    time.sleep(2.0)
-                    stopped.append(srv.process.pid)
-                    os.killpg(srv.process.pid, signal.SIGSTOP)
-                    return
-            time.sleep(0.2)
-
-    t = threading.Thread(target=freezer, daemon=True)
-    t.start()
+    t, stopped = _when_serving(lambda pid: os.killpg(pid, signal.SIGSTOP), 2.0)
     t0 = time.time()
     summary = run_point(cfg, Store(tmp_path))
     t.join(timeout=10)
