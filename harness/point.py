@@ -15,6 +15,7 @@ result store, which is safe for concurrent writers.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 import traceback
@@ -61,6 +62,20 @@ def build_point(cfg: dict[str, Any]) -> Point:
 
 
 _ENGINES: dict[str, Any] = {}
+
+
+def _reraise_signal() -> None:
+    """A point that failed because the harness was interrupted (its server stopped by the signal
+    handler) is not a failed point: re-raise the interruption instead of recording it."""
+    if "harness.engines.vllm.server" not in sys.modules:
+        return
+    from .engines.vllm.server import signalled
+
+    sig = signalled()
+    if sig == signal.SIGINT:
+        raise KeyboardInterrupt
+    if sig:
+        raise SystemExit(128 + sig)
 
 
 def engine_for(cfg: dict[str, Any], store: Store | None = None):
@@ -114,6 +129,7 @@ def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
     except KeyboardInterrupt:
         raise
     except Exception as e:  # recorded, and the sweep goes on
+        _reraise_signal()
         recs = None
         summary.update(status="failed", reason=f"{type(e).__name__}: {e}",
                        traceback=traceback.format_exc(limit=6)[-4000:])

@@ -263,6 +263,13 @@ def _reap_group(pgid: int) -> None:
 
 
 _CLEANUP = False
+_SIGNALLED: list[int] = []
+
+
+def signalled() -> int | None:
+    """The SIGINT/SIGTERM this process got, if any. The KeyboardInterrupt the handler raises can land
+    inside an event-loop callback that swallows it (uvloop does); callers re-raise from this."""
+    return _SIGNALLED[0] if _SIGNALLED else None
 
 
 def _install_cleanup() -> None:
@@ -276,6 +283,7 @@ def _install_cleanup() -> None:
         previous = signal.getsignal(sig)
 
         def handler(signum, frame, _prev=previous):
+            _SIGNALLED.append(signum)
             stop_all()
             if callable(_prev):
                 _prev(signum, frame)
