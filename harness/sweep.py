@@ -197,7 +197,7 @@ def run(cfg: DictConfig) -> int:
         todo.sort(key=server_key)
     console = make_console()
     console.print(f"[bold]sweep {c.get('sweep_name')}[/]: {len(points)} points, {len(points) - len(todo)} already "
-                  f"in {out}, {len(todo)} to run (engine: {points[0]['engine']['name'] if points else '-'})")
+                  f"in {out}, {len(todo)} to run (engine: {engine_name})")
     t0 = time.perf_counter()
     failed = 0
     try:
@@ -208,7 +208,6 @@ def run(cfg: DictConfig) -> int:
                 failed += s["status"] != "ok"
                 bar.update(task, advance=1, description=f"{s['point_id'][:60]:<60}")
     except KeyboardInterrupt:
-        close_engines()
         done = sum(1 for _ in store.summaries())
         console.print(f"interrupted: {done} points are stored and readable in {out}; rerun the same command to "
                       "resume")

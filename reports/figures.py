@@ -40,47 +40,42 @@ def _grid(n: int):
     return fig, axes.flat
 
 
-def peak_kv_vs_load(result) -> plt.Figure:
+def _metric_vs_load(result, panels, value, ylabel: str, title: str, ylog: bool = False) -> plt.Figure:
+    """One panel per (workload, gmu), a line per strategy: ``value(point)`` against the load (None: skipped)."""
     pts = _ok(result)
-    panels = sorted({(p["workload"], p["gmu"]) for p in pts})[:9]
     fig, axes = _grid(len(panels))
     for ax, (w, g) in zip(axes, panels):
         for s in _strategies(result):
-            sel = sorted((p["load"], p.get("peak_kv_usage") or 0) for p in pts
-                         if p["workload"] == w and p["gmu"] == g and p["strategy"] == s)
+            sel = sorted((p["load"], v) for p in pts
+                         if p["workload"] == w and p["gmu"] == g and p["strategy"] == s and (v := value(p)) is not None)
             if sel:
                 ax.plot(*zip(*sel), marker="o", label=s, color=COLORS.get(s))
         ax.set_title(f"{w}, gmu {g}", fontsize=9)
         ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1.05)
+        if ylog:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(0, 1.05)
         ax.set_xlabel(_load_name(pts))
-        ax.set_ylabel("peak KV-pool usage")
+        ax.set_ylabel(ylabel)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Peak KV-pool usage vs load ({_engine(result)})")
+    fig.suptitle(f"{title} ({_engine(result)})")
     fig.tight_layout()
     return fig
+
+
+def peak_kv_vs_load(result) -> plt.Figure:
+    panels = sorted({(p["workload"], p["gmu"]) for p in _ok(result)})[:9]
+    return _metric_vs_load(result, panels, lambda p: p.get("peak_kv_usage") or 0, "peak KV-pool usage",
+                           "Peak KV-pool usage vs load")
 
 
 def p99_ttft_vs_load(result) -> plt.Figure:
     pts = _ok(result)
     g_min = min(p["gmu"] for p in pts)
-    panels = sorted({p["workload"] for p in pts})[:6]
-    fig, axes = _grid(len(panels))
-    for ax, w in zip(axes, panels):
-        for s in _strategies(result):
-            sel = sorted((p["load"], p.get("ttft_p99")) for p in pts
-                         if p["workload"] == w and p["gmu"] == g_min and p["strategy"] == s and p.get("ttft_p99"))
-            if sel:
-                ax.plot(*zip(*sel), marker="o", label=s, color=COLORS.get(s))
-        ax.set_title(f"{w}, gmu {g_min}", fontsize=9)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel(_load_name(pts))
-        ax.set_ylabel("p99 TTFT (s)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"p99 time to first token vs load ({_engine(result)})")
-    fig.tight_layout()
-    return fig
+    panels = [(w, g_min) for w in sorted({p["workload"] for p in pts})[:6]]
+    return _metric_vs_load(result, panels, lambda p: p.get("ttft_p99") or None, "p99 TTFT (s)",
+                           "p99 time to first token vs load", ylog=True)
 
 
 def ratio_distributions(result) -> plt.Figure:

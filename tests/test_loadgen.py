@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
-from harness.engines.vllm import loadgen, scrape
-from harness.engines.vllm.server import ManagedProcess, free_port
+from harness.engines.vllm import loadgen, scrape, stub_server
+from harness.engines.vllm.server import free_port
 from workloads import Arrival, Request
 
 
@@ -17,12 +15,9 @@ def stub():
     procs = []
 
     def start(*args: str) -> str:
-        port = free_port()
-        p = ManagedProcess([sys.executable, "-m", "harness.engines.vllm.stub_server", "--port", str(port), *args],
-                           name="stub", log_path=None)
-        p.start(health_url=f"http://127.0.0.1:{port}/health", timeout_s=30)
-        procs.append(p)
-        return f"http://127.0.0.1:{port}"
+        proc, url = stub_server.spawn(*args)
+        procs.append(proc)
+        return url
 
     yield start
     for p in procs:

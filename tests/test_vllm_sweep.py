@@ -58,8 +58,8 @@ def _when_serving(action, delay_s: float) -> tuple[threading.Thread, list[int]]:
                 srv = getattr(engine, "server", None)
                 if srv is not None and srv.alive() and engine.startup:
                     time.sleep(delay_s)
-                    acted.append(srv.process.pid)
-                    action(srv.process.pid)
+                    acted.append(srv.process.proc.pid)
+                    action(srv.process.proc.pid)
                     return
             time.sleep(0.2)
 

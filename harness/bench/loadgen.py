@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,20 +19,16 @@ from workloads import Arrival, Request
 
 
 def run(cfg: DictConfig) -> int:
-    from ..engines.vllm import loadgen
-    from ..engines.vllm.server import ManagedProcess, free_port
+    from ..engines.vllm import loadgen, stub_server
 
-    port = free_port()
-    stub = ManagedProcess([sys.executable, "-m", "harness.engines.vllm.stub_server", "--port", str(port),
-                           "--chunks", str(cfg.chunks)], name="stub server", log_path=None)
-    stub.start(health_url=f"http://127.0.0.1:{port}/health", timeout_s=30)
+    stub, url = stub_server.spawn("--chunks", str(cfg.chunks))
     out = {"cpus": os.cpu_count(), "rate": cfg.rate, "requests": cfg.requests, "chunks": cfg.chunks}
     try:
         n, rate = int(cfg.requests), float(cfg.rate)
         arr = Arrival(kind="poisson", rate=rate, seed=int(cfg.seed))
         offsets = arr.offsets(n)
         reqs = [Request(prompt_len=8, output_len=int(cfg.chunks), arrival_s=float(t)) for t in offsets]
-        res = loadgen.run(f"http://127.0.0.1:{port}", "stub", reqs, arr, vocab=1000)
+        res = loadgen.run(url, "stub", reqs, arr, vocab=1000)
         chk = res.check
         chunks = sum(r.output_tokens for r in res.records)
         out["open_loop"] = {**chk, "duration_s": res.duration_s, "chunks_per_s": chunks / res.duration_s}
@@ -46,7 +41,7 @@ def run(cfg: DictConfig) -> int:
               f"{'met' if chk['on_schedule'] and rate >= 500 and chk['errors'] == 0 else 'NOT met'}")
         c = int(cfg.closed_concurrency)
         reqs = [Request(prompt_len=8, output_len=int(cfg.chunks)) for _ in range(min(n, 5000))]
-        res = loadgen.run(f"http://127.0.0.1:{port}", "stub", reqs, Arrival(kind="closed", max_concurrency=c),
+        res = loadgen.run(url, "stub", reqs, Arrival(kind="closed", max_concurrency=c),
                           vocab=1000)
         ok = [r for r in res.records if r.error is None]
         ttft = np.array([r.first_token_s - r.arrival_s for r in ok])

@@ -162,9 +162,9 @@ class VLLMEngine:
         except Exception:
             version = None
         facts = scrape.startup_facts(server.log_path.read_text(errors="replace"))
-        return {"vllm_version": version, "cache_config": info, "startup_s": server.started_s,
-                "log": str(server.log_path), "argv": server.settings.argv(server.port, server.served_name)[1:],
-                **facts}
+        return {"vllm_version": version, "device": device_name(), "cache_config": info,
+                "startup_s": server.started_s, "log": str(server.log_path),
+                "argv": server.settings.argv(server.port, server.served_name)[1:], **facts}
 
     def close(self) -> None:
         if self.server is not None:
@@ -185,24 +185,17 @@ class VLLMEngine:
                           during=sampler.loop, watchdog=self._watchdog(server), progress=self._progress(point))
         if res.aborted:
             finished = sum(r.finish_s is not None for r in res.records)
-            log, tail = server.log_path, server.log_tail()
-            self.close()
-            raise ServerFailed(f"{res.aborted}; {finished} of {len(point.requests)} requests had finished; its process "
-                               f"group is killed. Log {log}:\n{tail}")
+            self._abandon(server, f"{res.aborted}; {finished} of {len(point.requests)} requests had finished")
         if not server.alive():
             rc = server.process.returncode() if server.process else None
             failed = sum(r.error is not None for r in res.records)
-            tail = server.log_tail()
-            self.close()
-            raise ServerFailed(f"vLLM died during the run (exit code {rc}); {failed} of {len(point.requests)} "
-                               f"requests failed. Log {server.log_path}:\n{tail}")
+            self._abandon(server, f"vLLM died during the run (exit code {rc}); {failed} of {len(point.requests)} "
+                                  "requests failed")
         timeouts = sum(1 for r in res.records if (r.error or "").startswith("timeout"))
-        if timeouts and not self._healthy(server):
-            log = server.log_path
-            self.close()
-            raise ServerFailed(f"vLLM stopped answering: {timeouts} of {len(point.requests)} requests got no data for "
-                               f"{self.cfg.get('request_timeout_s', 600)} s (engine.request_timeout_s) and /health did "
-                               f"not answer; killed its process group. Log {log}")
+        if timeouts and not server.healthy():
+            self._abandon(server, f"vLLM stopped answering: {timeouts} of {len(point.requests)} requests got no data "
+                                  f"for {self.cfg.get('request_timeout_s', 600)} s (engine.request_timeout_s) and "
+                                  "/health did not answer")
         after = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         diff = scrape.counter_diff(before, after)
         hits = diff.get("vllm:prefix_cache_hits_total")
@@ -242,13 +235,11 @@ class VLLMEngine:
 
         return watch
 
-    @staticmethod
-    def _healthy(server: VLLMServer, timeout_s: float = 10.0) -> bool:
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=timeout_s) as r:
-                return r.status == 200
-        except (OSError, ValueError):
-            return False
+    def _abandon(self, server: VLLMServer, reason: str) -> None:
+        """Stop the server (its whole process group) and fail the point with ``reason`` and the log's tail."""
+        log, tail = server.log_path, server.log_tail()
+        self.close()
+        raise ServerFailed(f"{reason}; its process group is killed. Log {log}:\n{tail}")
 
     def _progress(self, point: Point):
         """A line on stderr every engine.progress_s seconds of a measured run: long points show life."""
@@ -302,7 +293,7 @@ class VLLMEngine:
         return {
             "engine": "vllm",
             "vllm_version": st.get("vllm_version"),
-            "device": device_name(),
+            "device": st.get("device"),
             "weights": f"load_format={s.load_format} (random weights: outputs are meaningless, timings are real)",
             "acceptance": ("synthetic " + json.dumps(list(s.acceptance_rates))) if s.acceptance_rates
             else ("model's own (MTP)" if s.num_spec else "none (no speculation)"),

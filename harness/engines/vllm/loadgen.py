@@ -102,7 +102,7 @@ async def _one(session, url: str, body: bytes, rec: RequestRecord, t0: float, ga
         rec.error = "cancelled: the run was stopped before this request finished"
         raise
     except asyncio.TimeoutError:
-        rec.error = f"timeout: no data for {timeout_s:g} s (loadgen.request_timeout_s)"
+        rec.error = f"timeout: no data for {timeout_s:g} s (engine.request_timeout_s)"
         return
     except Exception as e:   # connection refused/reset, bad JSON: the request's error, not the run's
         rec.error = f"{type(e).__name__}: {e}"[:300]
@@ -220,10 +220,8 @@ async def run_async(base_url: str, model: str, requests: Sequence[Request], arri
                 r.error = f"not sent: {aborted}"
             elif r.error and r.error.startswith("cancelled"):
                 r.error = f"cancelled: {aborted}"
-    res = LoadResult(records=recs, itl_s=np.array(gaps), lag_s=lag, duration_s=duration,
-                     check=self_check(arrival, sched, sent, lag, recs))
-    res.aborted = aborted
-    return res
+    return LoadResult(records=recs, itl_s=np.array(gaps), lag_s=lag, duration_s=duration,
+                      check=self_check(arrival, sched, sent, lag, recs), aborted=aborted)
 
 
 def run(*args, **kwargs) -> LoadResult:

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 from ...model import ModelSpec
 from .model_dir import write
+from .server import ManagedProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 KV_LINES = re.compile(r"(KV cache size|Maximum concurrency|attention block size|Padding mamba page|"
@@ -58,18 +58,14 @@ def run_one(run: dict[str, Any], out_dir: Path, timeout: float, env_extra: dict[
     argv = [sys.executable, "-m", "harness.engines.vllm.offline", *to_argv(run, model_dir, out_dir / f"{name}.json")]
     log_path = out_dir / f"{name}.log"
     t0 = time.time()
-    with open(log_path, "w") as log:
-        log.write(" ".join(argv) + "\n")
-        log.flush()
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **env_extra})
-        try:
-            rc = proc.wait(timeout=timeout)
-            reason = None if rc == 0 else f"exit {rc}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc, reason = -9, f"timeout after {timeout:.0f} s"
+    proc = ManagedProcess(argv, name, log_path, env={**os.environ, **env_extra}, cwd=ROOT).start()
+    try:
+        rc = proc.wait(timeout)
+        reason = None if rc == 0 else f"exit {rc}"
+    except subprocess.TimeoutExpired:
+        rc, reason = -9, f"timeout after {timeout:.0f} s"
+    finally:
+        proc.stop(grace_s=0)   # the whole group, at once (a no-op once it exited)
     text = log_path.read_text(errors="replace")
     lines = [ln.strip()[:300] for ln in text.splitlines() if KV_LINES.search(ln)]
     err = [ln.strip()[:300] for ln in text.splitlines() if "Error" in ln and "Tokenizer" not in ln][-3:]

@@ -30,6 +30,15 @@ class ServerFailed(RuntimeError):
     """The server could not start or died; the message says why and ends with its log's tail."""
 
 
+def probe(url: str, timeout_s: float) -> bool:
+    """GET ``url`` answers 200 within ``timeout_s``."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, OSError, ValueError):
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,13 +111,10 @@ class ServerSettings:
 class ManagedProcess:
     """A subprocess in its own process group, stopped (group and all) on stop, at exit and on signals."""
 
-    def __init__(self, argv: list[str], name: str, log_path: Path | None, env: dict[str, str] | None = None):
-        self.argv, self.name, self.log_path, self.env = argv, name, log_path, env
+    def __init__(self, argv: list[str], name: str, log_path: Path | None, env: dict[str, str] | None = None,
+                 cwd: Path | None = None):
+        self.argv, self.name, self.log_path, self.env, self.cwd = argv, name, log_path, env, cwd
         self.proc: subprocess.Popen | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     def start(self, health_url: str | None = None, timeout_s: float = 600.0) -> "ManagedProcess":
         _install_cleanup()
@@ -119,7 +125,7 @@ class ManagedProcess:
             log.flush()
         else:
             log = subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
                                      start_new_session=True)
         if log is not subprocess.DEVNULL:
             log.close()
@@ -139,12 +145,8 @@ class ManagedProcess:
             if rc is not None:
                 raise ServerFailed(f"{self.name} exited with code {rc} while starting; "
                                    f"log {self.log_path}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
+            if probe(url, timeout_s=2.0):
+                return
             time.sleep(0.25)
         raise ServerFailed(f"{self.name} did not become healthy within {timeout_s:.0f} s "
                            f"(engine.startup_timeout_s); killed it. Log {self.log_path}:\n{self.log_tail()}")
@@ -154,6 +156,10 @@ class ManagedProcess:
 
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def wait(self, timeout_s: float) -> int:
+        """The exit code; raises subprocess.TimeoutExpired when it runs past ``timeout_s``."""
+        return self.proc.wait(timeout=timeout_s)
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left; idempotent."""
@@ -235,6 +241,9 @@ class VLLMServer:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
+
+    def healthy(self, timeout_s: float = 10.0) -> bool:
+        return probe(f"{self.url}/health", timeout_s)
 
     def stop(self, grace_s: float = 15.0) -> None:
         if self.process is not None:

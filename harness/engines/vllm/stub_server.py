@@ -100,6 +100,20 @@ async def serve(port: int, chunks: int, status: int, delay_s: float = 0.0) -> No
         await stop.wait()
 
 
+def spawn(*args: str, timeout_s: float = 30.0):
+    """Start the stub in its own process (``args``: this module's flags after --port); returns the
+    :class:`~.server.ManagedProcess` (stop it when done) and the stub's base URL."""
+    import sys
+
+    from .server import ManagedProcess, free_port
+
+    port = free_port()
+    proc = ManagedProcess([sys.executable, "-m", "harness.engines.vllm.stub_server", "--port", str(port), *args],
+                          name="stub server", log_path=None)
+    proc.start(health_url=f"http://127.0.0.1:{port}/health", timeout_s=timeout_s)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
