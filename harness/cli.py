@@ -89,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _folder(name: str, value: str) -> str:
+    """A positional result folder. ``out=DIR`` / ``dir=DIR`` (how ``sweep`` names its folder) mean DIR."""
+    import os
+
+    key, sep, rest = value.partition("=")
+    if sep and key in ("out", "dir", name) and not os.path.exists(value):
+        return rest
+    if sep and not os.path.exists(value):
+        raise ValueError(f"{name.upper()} is a result folder given as a plain path "
+                         f"(e.g. python -m harness analyze results/sweeps/quick), got {value!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -98,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     from .config import compose
 
     try:
-        overrides = [f"{name}={getattr(args, name)}" for name in args.positional] + list(args.overrides)
+        overrides = [f"{name}={_folder(name, getattr(args, name))}" for name in args.positional] \
+            + list(args.overrides)
         if args.config in GRID_CONFIGS:
             from .sweep import normalize_overrides
 

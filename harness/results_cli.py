@@ -62,10 +62,10 @@ def compare_cmd(cfg: DictConfig) -> int:
     from .console import console as make_console, table as make_table
 
     a, b = analyze(_store(cfg.a)), analyze(_store(cfg.b))
-    key = lambda p: (p["workload"], p["gmu"], p["load"], p["draft"], p["strategy"])  # noqa: E731
+    key = lambda p: (p["workload"], p["gmu"], p.get("load_kind", ""), p["load"], p["draft"], p["strategy"])  # noqa: E731
     pa = {key(p): p for p in a["points"] if p["status"] == "ok"}
     pb = {key(p): p for p in b["points"] if p["status"] == "ok"}
-    common = sorted(set(pa) & set(pb), key=lambda k: tuple(map(str, k)))
+    common = sorted(set(pa) & set(pb))
     console = make_console()
     if not common:
         raise ValueError(f"{cfg.a} and {cfg.b} share no points (workload, gmu, load, draft, strategy)")
@@ -75,7 +75,9 @@ def compare_cmd(cfg: DictConfig) -> int:
     for k in common:
         x, y = pa[k], pb[k]
         agree += x.get("memory_bound") == y.get("memory_bound")
-        t.add_row(" ".join(map(str, k)), *[_r(y.get(m), x.get(m)) for m in ("output_throughput", "ttft_p99",
+        workload, gmu, kind, load, draft, strategy = k
+        where = f"c{load:g}" if kind == "concurrency" else f"{load:g} req/s"
+        t.add_row(f"{workload} gmu {gmu:g} {where} {draft} {strategy}", *[_r(y.get(m), x.get(m)) for m in ("output_throughput", "ttft_p99",
                                                                           "peak_kv_usage")],
                   f"{_yn(x.get('memory_bound'))}/{_yn(y.get('memory_bound'))}")
     console.print(t)

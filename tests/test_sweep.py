@@ -131,8 +131,11 @@ def test_run_one_point_and_compare_two_sweeps(tmp_path):
         assert harness("sweep", *QUICK, f"out={tmp_path / name}", "report=false").returncode == 0
     cmp = harness("compare", str(tmp_path / "a"), str(tmp_path / "b"))
     assert cmp.returncode == 0 and "4 common points" in cmp.stdout and "agrees on 4" in cmp.stdout
-    rep = harness("report", str(tmp_path / "a"))
+    assert "c8 chain:3" in cmp.stdout, cmp.stdout
+    rep = harness("report", f"out={tmp_path / 'a'}")   # sweep's spelling of the folder works here too
     assert rep.returncode == 0 and (tmp_path / "a" / "report.pdf").is_file()
+    odd = harness("analyze", "outdir=x")
+    assert odd.returncode == 2 and "plain path" in odd.stderr
     bad = harness("analyze", str(tmp_path / "nothing"))
     assert bad.returncode == 2 and "not a sweep folder" in bad.stderr
 
