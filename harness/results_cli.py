@@ -13,7 +13,9 @@ from .store import Store
 def _store(path: str) -> Store:
     store = Store(path)
     if not store.points.is_dir():
-        raise FileNotFoundError(f"{path}: not a sweep folder (no points/); run `python -m harness sweep out={path}`")
+        raise FileNotFoundError(f"{path}: not a sweep folder (no points/) nor kernel benchmark results; run "
+                                f"`python -m harness sweep out={path}` or "
+                                f"`python -m harness bench kernels out={path}/NAME.json`")
     return store
 
 
@@ -50,6 +52,16 @@ def analyze_cmd(cfg: DictConfig) -> int:
 def report_cmd(cfg: DictConfig) -> int:
     from reports.build import build_report
 
+    folder = Path(str(cfg.dir))
+    if not (folder / "points").is_dir() and folder.is_dir():
+        # A kernel benchmark folder (bench kernels out=DIR/NAME.json): one page per result.
+        from reports.kernels import is_kernel_result, write_report
+
+        found = [p for p in sorted(folder.glob("*.json")) if is_kernel_result(p)]
+        for p in found:
+            print(f"wrote {write_report(json.loads(p.read_text()), p.with_suffix('.html'))}")
+        if found:
+            return 0
     out = build_report(_store(cfg.dir))
     print(f"wrote {out / 'report.html'} and {out / 'report.pdf'}")
     return 0
@@ -77,8 +89,8 @@ def compare_cmd(cfg: DictConfig) -> int:
         agree += x.get("memory_bound") == y.get("memory_bound")
         workload, gmu, kind, load, draft, strategy = k
         where = f"c{load:g}" if kind == "concurrency" else f"{load:g} req/s"
-        t.add_row(f"{workload} gmu {gmu:g} {where} {draft} {strategy}", *[_r(y.get(m), x.get(m)) for m in ("output_throughput", "ttft_p99",
-                                                                          "peak_kv_usage")],
+        ratios = [_r(y.get(m), x.get(m)) for m in ("output_throughput", "ttft_p99", "peak_kv_usage")]
+        t.add_row(f"{workload} gmu {gmu:g} {where} {draft} {strategy}", *ratios,
                   f"{_yn(x.get('memory_bound'))}/{_yn(y.get('memory_bound'))}")
     console.print(t)
     console.print(f"{len(common)} common points; memory-bound classification agrees on {agree}; "
