@@ -44,6 +44,8 @@ class Strategy(ABC):
     name: str = ""
     #: True when the strategy accepts branching trees (replay needs a chain).
     supports_trees: bool = True
+    #: True when q/k/v/g/beta may come in another dtype than the state (the Triton kernels).
+    mixed_dtypes: bool = False
 
     # -- the contract -------------------------------------------------------
     @abstractmethod
@@ -62,7 +64,7 @@ class Strategy(ABC):
             raise ValueError(f"strategy={self.name}: needs a chain, got a branching {tree.describe()}; "
                              "its history buffer replays one contiguous token sequence. "
                              "Use treewy or treewy_deferred for trees")
-        s = check_step(self._base(carry), q, k, v, g, beta, tree)
+        s = check_step(self._base(carry), q, k, v, g, beta, tree, same_dtype=not self.mixed_dtypes)
         scale = s.K ** -0.5 if scale is None else float(scale)
         return self._verify(carry, q, k, v, g, beta, tree, s, scale)
 

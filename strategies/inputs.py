@@ -29,8 +29,9 @@ class StepShape:
         return self.HV // self.H
 
 
-def check_step(state: torch.Tensor, q, k, v, g, beta, tree: DraftTree) -> StepShape:
-    """Validate one step's tensors against each other and the tree; return the sizes."""
+def check_step(state: torch.Tensor, q, k, v, g, beta, tree: DraftTree, same_dtype: bool = True) -> StepShape:
+    """Validate one step's tensors against each other and the tree; return the sizes.
+    ``same_dtype=False`` lets the inputs differ from the state's dtype (the kernels: fp32 state, bf16 inputs)."""
     if state.dim() != 4:
         raise ValueError(f"state: shape {tuple(state.shape)}; expected [B, HV, K, V] (4 dims)")
     B, HV, K, V = state.shape
@@ -48,7 +49,7 @@ def check_step(state: torch.Tensor, q, k, v, g, beta, tree: DraftTree) -> StepSh
         if tuple(t.shape) != expected[name]:
             raise ValueError(f"{name}: shape {tuple(t.shape)}; expected {expected[name]} "
                              f"from state {tuple(state.shape)} and q {tuple(q.shape)}")
-        if t.dtype != state.dtype:
+        if same_dtype and t.dtype != state.dtype:
             raise ValueError(f"{name}: dtype {t.dtype} differs from state's {state.dtype}; "
                              "pass every tensor in one dtype")
     if HV % H:

@@ -9,6 +9,11 @@ import torch
 
 from strategies import DraftTree
 
+# Without a CUDA GPU the strategies' Triton kernels run in Triton's interpreter, which Triton fixes
+# when it is first imported (importing vLLM below imports it): switch it on before that.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def make_step(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 8, V: int = 6,
               dtype=torch.float64, seed: int = 0, g_range=(-2.0, 0.0), beta_range=(0.0, 1.0),

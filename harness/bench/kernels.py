@@ -1,0 +1,342 @@
+"""``python -m harness bench kernels``: the strategies' Triton kernels on one GPU, against its memory roofline.
+
+Per (draft shape, batch, strategy), one GDN layer of the model's head shape: the median GPU time of
+verify and of commit, the bytes each moves (a model of the unique bytes the kernels read and write,
+documented per strategy in :func:`traffic`), the achieved bandwidth and its fraction of the HBM copy
+bandwidth measured at the start of the same run, and the speculative state the strategy holds. Times
+come from CUDA graphs of one call replayed ``repeats`` times (launch overhead excluded); replay's
+commit, torch code with host syncs, is timed with events around each call. Then TreeWY's verify with
+and without its triangular solve over chains of N nodes: the solve's cost as N grows, and the N at
+which TreeWY's verify costs more than store_all's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig
+
+from strategies import DraftTree, GDNShape, as_dtype, dtype_bytes
+
+from ..config import load_model, parse_draft
+from ..provenance import provenance
+from .strategies import sample_accepted
+
+GiB = 2 ** 30
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+def gpu_seconds(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool = True) -> float:
+    """Median seconds of one ``fn()`` on the GPU; CPU wall time in Triton's interpreter (smoke runs)."""
+    for _ in range(warmup):
+        fn()
+    if not torch.cuda.is_available():
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()                                  # allocations settle before capture
+            with torch.cuda.graph(g, stream=stream):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        run = g.replay
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int, warmup: int, repeats: int, device: str) -> float:
+    """HBM copy bandwidth, bytes/s counting read + write (``dst.copy_(src)`` of ``nbytes``)."""
+    n = max(1, nbytes // 4)
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    t = gpu_seconds(lambda: dst.copy_(src), warmup, repeats, graph=torch.cuda.is_available())
+    return 2 * n * 4 / t
+
+
+# -- inputs and bytes -----------------------------------------------------------------------------
+
+def inputs(gen: torch.Generator, B: int, tree: DraftTree, s: GDNShape, in_dtype, state_dtype, device):
+    N, H, HV, K, V = tree.num_nodes, s.num_key_heads, s.num_value_heads, s.key_head_dim, s.value_head_dim
+    q = torch.nn.functional.normalize(torch.randn(B, N, H, K, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, N, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, N, HV, V, generator=gen)
+    g = -2 * torch.rand(B, N, HV, generator=gen)
+    beta = torch.rand(B, N, HV, generator=gen)
+    state = 0.1 * torch.randn(B, HV, K, V, generator=gen)
+    return state.to(device, state_dtype), [t.to(device, in_dtype) for t in (q, k, v, g, beta)]
+
+
+def traffic(name: str, tree: DraftTree, s: GDNShape, sb: int, ib: int, B: int, *,
+            path_nodes: float = 0.0, ring_tokens: float = 0.0) -> dict[str, float]:
+    """Unique bytes one step moves for ``B`` requests, one layer (what a perfect cache would move).
+
+    sb/ib: state and input element bytes. Every verify reads h0, q, k, v, g, beta and writes the
+    outputs (fp32). treewy's verify writes Ṽ, G (fp32) and k; its commit reads h0 and the accepted
+    path's stash (``path_nodes`` nodes on average) and writes h_a. store_all's verify writes N
+    snapshots and, for a branching tree, reads each non-root-level node's parent snapshot back; its
+    commit moves an index. replay's verify reads the checkpoint and ``ring_tokens`` buffered tokens'
+    (u, k, g) and writes u; its commit is counted where it is timed (append and flush).
+    """
+    N, H, HV, K, V = tree.num_nodes, s.num_key_heads, s.num_value_heads, s.key_head_dim, s.value_head_dim
+    S = HV * K * V * sb
+    ins = N * (2 * H * K + HV * V + 2 * HV) * ib
+    outs = N * HV * V * 4
+    tok = HV * V * sb + H * K * sb + HV * sb       # one ring or stash token (u or Ṽ, k, g or G)
+    if name == "treewy":
+        verify = S + ins + outs + N * (HV * V * 4 + HV * 4 + H * K * ib)
+        commit = 2 * S + path_nodes * (HV * V * 4 + HV * 4 + H * K * ib)
+    elif name == "store_all":
+        parents_read = sum(1 for p in tree.parents if p >= 0) if tree.parents != tuple(range(-1, N - 1)) else 0
+        verify = S + ins + outs + N * S + parents_read * S
+        commit = 8
+    else:
+        verify = S + ring_tokens * tok + ins + outs + N * HV * V * 4
+        commit = 0.0
+    return {"verify_bytes": B * verify, "commit_bytes": B * commit}
+
+
+def flushes_per_step(tree: DraftTree, accepted: list[int], L: int) -> float:
+    """Replay's flushes per request per step in steady state, from the sampled acceptance: the ring
+    takes each step's accepted tokens and is flushed when the next draft would not fit behind them."""
+    N, length, flushes, steps = tree.num_nodes, 0, 0, 0
+    for _ in range(8):
+        for a in accepted:
+            length += a + 1
+            steps += 1
+            if length + N > L:
+                flushes, length = flushes + 1, 0
+    return flushes / steps
+
+
+# -- one measurement ------------------------------------------------------------------------------
+
+def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig, gen, device) -> dict[str, Any]:
+    from strategies import kernels
+
+    sdt, idt = as_dtype(cfg.state_dtype), as_dtype(cfg.input_dtype)
+    sb, ib = dtype_bytes(sdt), dtype_bytes(idt)
+    state, (q, k, v, g, beta) = inputs(gen, B, tree, shape, idt, sdt, device)
+    acc_list = sample_accepted(gen, tree, B, float(cfg.accept_rate)).tolist()
+    accepted = torch.tensor(acc_list, device=device)
+    path_nodes = statistics.mean(len(tree.path_to(a)) if a >= 0 else 0 for a in acc_list)
+    tiles = dict(block_v=int(cfg.block_v), num_warps=int(cfg.num_warps))
+    w, r = int(cfg.warmup), int(cfg.repeats)
+    row: dict[str, Any] = {"strategy": name, "batch": B, "draft": tree.label, "nodes": tree.num_nodes}
+    if name == "treewy":
+        strat = kernels.get("treewy", inplace=True, **tiles)
+        ver = strat.verify(state, q, k, v, g, beta, tree)
+        row["verify_s"] = gpu_seconds(lambda: strat.verify(state, q, k, v, g, beta, tree), w, r)
+        row["commit_s"] = gpu_seconds(lambda: strat.commit(state, ver, accepted), w, r)
+        bytes_ = traffic(name, tree, shape, sb, ib, B, path_nodes=path_nodes)
+    elif name == "store_all":
+        strat = kernels.get("store_all", **tiles)
+        carry = strat.commit(strat.start(state), strat.verify(strat.start(state), q, k, v, g, beta, tree), accepted)
+        ver = strat.verify(carry, q, k, v, g, beta, tree)          # in place from here on
+        row["verify_s"] = gpu_seconds(lambda: strat.verify(carry, q, k, v, g, beta, tree), w, r)
+        row["commit_s"] = gpu_seconds(lambda: strat.commit(carry, ver, accepted), w, r)
+        bytes_ = traffic(name, tree, shape, sb, ib, B)
+    else:
+        L = int(cfg.buffer_len)
+        strat = kernels.get("replay", buffer_len=L, **tiles)
+        carry = strat.start(state)
+        strat.verify(carry, q, k, v, g, beta, tree)               # allocates the ring
+        ring = torch.randint(0, L - tree.num_nodes + 1, (B,), generator=gen)
+        carry.length = ring.to(device)                            # steady state: rings part full
+        carry.u.normal_(0, 0.1), carry.k.normal_(0, 0.1), carry.g.uniform_(-2, 0)
+        row["verify_s"] = gpu_seconds(lambda: strat.verify(carry, q, k, v, g, beta, tree), w, r)
+        ver = strat.verify(carry, q, k, v, g, beta, tree)
+        f = flushes_per_step(tree, acc_list, L)
+
+        def append():                                             # commit without the flush
+            c = carry
+            saved = c.length.clone()
+            c.commit_path(torch.arange(tree.num_nodes, device=device).expand(B, -1), accepted + 1,
+                          ver.stash["u"], ver.stash["k"], ver.stash["g"], reserve=0)
+            c.length = saved
+        append_s = gpu_seconds(append, w, r, graph=False)
+        full = torch.ones(B, dtype=torch.bool, device=device)
+
+        def flush():
+            carry.length = ring.to(device)
+            carry._rebuild(carry.checkpoint, carry.checkpoint, full, store_all=False)
+        flush_s = gpu_seconds(flush, w, r, graph=False)
+        row.update(flush_s=flush_s, flushes_per_step=f, append_s=append_s, commit_s=append_s + f * flush_s)
+        bytes_ = traffic(name, tree, shape, sb, ib, B, ring_tokens=float(ring.float().mean()))
+        tok = shape.num_value_heads * shape.value_head_dim + shape.num_key_heads * shape.key_head_dim \
+            + shape.num_value_heads
+        S = shape.state_elems * sb
+        appended = statistics.mean(a + 1 for a in acc_list)
+        bytes_["commit_bytes"] = B * (2 * appended * tok * sb + f * (2 * S + float(ring.float().mean()) * tok * sb))
+    row.update(bytes_)
+    row["step_s"] = row["verify_s"] + row["commit_s"]
+    mem = kernels.get(name, **({"buffer_len": int(cfg.buffer_len)} if name == "replay" else {})).memory(
+        shape, tree, state_dtype=cfg.state_dtype)
+    row["speculative_bytes_per_request"] = mem.speculative_bytes
+    return row
+
+
+def solve_rows(shape: GDNShape, cfg: DictConfig, gen, device) -> list[dict[str, Any]]:
+    """TreeWY's verify with and without the triangular solve, and store_all's verify, over chains of N."""
+    return [_solve_row(int(N), shape, cfg, gen, device) for N in cfg.solve_nodes]
+
+
+def _solve_row(N: int, shape: GDNShape, cfg: DictConfig, gen, device) -> dict[str, Any]:
+    from strategies import kernels
+
+    sdt, idt = as_dtype(cfg.state_dtype), as_dtype(cfg.input_dtype)
+    tiles = dict(block_v=int(cfg.block_v), num_warps=int(cfg.num_warps))
+    w, r, B = int(cfg.warmup), int(cfg.repeats), int(cfg.solve_batch)
+    tree = DraftTree.chain(N - 1, root=True)
+    state, (q, k, v, g, beta) = inputs(gen, B, tree, shape, idt, sdt, device)
+    on, off = kernels.get("treewy", **tiles), kernels.get("treewy", solve=False, **tiles)
+    sa = kernels.get("store_all", **tiles)
+    carry = sa.commit(sa.start(state), sa.verify(sa.start(state), q, k, v, g, beta, tree),
+                      torch.zeros(B, dtype=torch.long, device=device))
+    t_on = gpu_seconds(lambda: on.verify(state, q, k, v, g, beta, tree), w, r)
+    t_off = gpu_seconds(lambda: off.verify(state, q, k, v, g, beta, tree), w, r)
+    t_sa = gpu_seconds(lambda: sa.verify(carry, q, k, v, g, beta, tree), w, r)
+    return {"nodes": N, "batch": B, "treewy_verify_s": t_on, "treewy_verify_nosolve_s": t_off,
+            "solve_s": max(t_on - t_off, 0.0), "store_all_verify_s": t_sa}
+
+
+def crossover(rows: list[dict[str, Any]]) -> int | None:
+    """The smallest N at which TreeWY's verify takes longer than store_all's (None: never here)."""
+    for r in sorted(rows, key=lambda r: r["nodes"]):
+        if r["treewy_verify_s"] > r["store_all_verify_s"]:
+            return r["nodes"]
+    return None
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+def _smoke(cfg: DictConfig) -> DictConfig:
+    from omegaconf import OmegaConf
+
+    small = OmegaConf.create({"batches": [1, 2], "drafts": ["chain:1", "chain:3", [2, 2]], "solve_nodes": [2, 4],
+                              "solve_batch": 2, "warmup": 0, "repeats": 1, "copy_bytes": 1 << 20,
+                              "block_v": 16, "buffer_len": 8})
+    return OmegaConf.merge(cfg, small)
+
+
+def run(cfg: DictConfig) -> int:
+    from strategies import kernels
+
+    from ..console import console as make_console
+
+    if not kernels.available():
+        raise ValueError("bench kernels: Triton is not installed; on the GPU host it comes with CUDA torch, "
+                         "elsewhere pip install 'commitbench[gpu]'")
+    gpu = torch.cuda.is_available()
+    if not gpu and not cfg.smoke:
+        raise ValueError("bench kernels times compiled Triton kernels on a CUDA GPU and this machine has none; "
+                         "run it on the GPU host, or pass smoke=true to exercise the benchmark on tiny shapes in "
+                         "Triton's CPU interpreter (its times mean nothing)")
+    model = load_model(cfg.model)
+    shape = model.gdn_shape()
+    if cfg.smoke:
+        cfg = _smoke(cfg)
+        shape = GDNShape(num_layers=shape.num_layers, num_key_heads=1, num_value_heads=2, key_head_dim=16,
+                         value_head_dim=32, conv_kernel=shape.conv_kernel)
+    kernels.get("treewy")  # loads the kernels (and the interpreter switch) before anything else
+    device = "cuda" if gpu else "cpu"
+    console = make_console()
+    where = torch.cuda.get_device_name(0) if gpu else "CPU, Triton interpreter (smoke: times mean nothing)"
+    console.print(f"[bold]bench kernels[/] on {where}: one GDN layer of {model.display_name} "
+                  f"(H={shape.num_key_heads} HV={shape.num_value_heads} K={shape.key_head_dim} "
+                  f"V={shape.value_head_dim}), state {cfg.state_dtype}, inputs {cfg.input_dtype}, "
+                  f"median of {cfg.repeats}")
+    gen = torch.Generator().manual_seed(int(cfg.seed))
+    copy_bw = copy_bandwidth(int(cfg.copy_bytes), int(cfg.warmup), int(cfg.repeats), device)
+    console.print(f"  copy bandwidth (read + write): {copy_bw / 1e9:,.0f} GB/s")
+    rows: list[dict[str, Any]] = []
+    jobs = [(parse_draft(d, root=bool(cfg.root)), int(B)) for d in cfg.drafts for B in cfg.batches]
+    started = time.perf_counter()
+    for i, (tree, B) in enumerate(jobs, 1):
+        for name in kernels.NAMES:
+            if name == "replay" and (not tree.is_chain or tree.num_nodes > int(cfg.buffer_len)):
+                continue
+            row = measure(name, tree, B, shape, cfg, gen, device)
+            for part in ("verify", "commit"):
+                row[f"{part}_bandwidth"] = row[f"{part}_bytes"] / row[f"{part}_s"] if row[f"{part}_s"] else None
+                row[f"{part}_fraction_of_copy"] = (row[f"{part}_bandwidth"] or 0) / copy_bw
+            row["step_s_model"] = row["step_s"] * shape.num_layers
+            rows.append(row)
+        console.print(f"  [{i}/{len(jobs)}] {tree.label} (N={tree.num_nodes}) batch {B}: "
+                      f"elapsed {time.perf_counter() - started:.0f} s")
+    solve = solve_rows(shape, cfg, gen, device)
+    result = {"engine": "triton" if gpu else "triton-interpreter (smoke)", "device": where,
+              "copy_bandwidth": copy_bw, "num_layers": shape.num_layers,
+              "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
+                        "V": shape.value_head_dim},
+              "rows": rows, "solve": solve, "crossover_nodes": crossover(solve),
+              "triton": _triton_version(), "provenance": provenance()}
+    print_tables(console, result)
+    if cfg.out:
+        from omegaconf import OmegaConf
+
+        out = Path(str(cfg.out))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result["config"] = OmegaConf.to_container(cfg, resolve=True)
+        out.write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {out}")
+        try:
+            from reports.kernels import write_report
+        except ImportError as e:  # a lean GPU host: the numbers are safe, plot them elsewhere
+            console.print(f"no report here ({e}); run `python -m harness report {out.parent}` where matplotlib is")
+        else:
+            console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
+    return 0
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def print_tables(console, result: dict[str, Any]) -> None:
+    from ..console import table as make_table
+
+    L = result["num_layers"]
+    t = make_table(f"per layer and step ({result['device']}); whole model = x {L} GDN layers; "
+                   f"% = achieved / copy bandwidth ({result['copy_bandwidth'] / 1e9:,.0f} GB/s)",
+                   ["draft", "batch", "strategy", "verify us", "commit us", "step us", f"x{L} ms",
+                    "verify MB", "commit MB", "verify %", "commit %", "spec. MiB/req"], left=3)
+    for r in result["rows"]:
+        t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["strategy"],
+                  f"{1e6 * r['verify_s']:.1f}", f"{1e6 * r['commit_s']:.1f}", f"{1e6 * r['step_s']:.1f}",
+                  f"{1e3 * r['step_s_model']:.2f}", f"{r['verify_bytes'] / 1e6:.1f}", f"{r['commit_bytes'] / 1e6:.2f}",
+                  f"{100 * r['verify_fraction_of_copy']:.0f}", f"{100 * r['commit_fraction_of_copy']:.0f}",
+                  f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")
+    console.print(t)
+    s = make_table(f"TreeWY's triangular solve vs N (chains, batch {result['solve'][0]['batch']}, one layer)",
+                   ["N", "treewy verify us", "without solve us", "solve us", "store_all verify us"], left=1)
+    for r in result["solve"]:
+        s.add_row(str(r["nodes"]), f"{1e6 * r['treewy_verify_s']:.1f}", f"{1e6 * r['treewy_verify_nosolve_s']:.1f}",
+                  f"{1e6 * r['solve_s']:.1f}", f"{1e6 * r['store_all_verify_s']:.1f}")
+    console.print(s)
+    n = result["crossover_nodes"]
+    console.print(f"TreeWY's verify costs more than store_all's from N = {n}" if n else
+                  "TreeWY's verify stays cheaper than store_all's at every N measured")

@@ -1,0 +1,128 @@
+"""The kernel benchmark's report: figures and tables of ``python -m harness bench kernels`` results.
+
+``write_report(result, path)`` writes one self-contained HTML file (figures inlined as PNG);
+``python -m harness report DIR`` builds it for every ``*.json`` kernel result in a folder.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from .build import _png
+from .figures import COLORS, plt
+
+
+def _title(result, text: str) -> str:
+    return f"{text}\n{result['device']} — engine: {result['engine']}"
+
+
+def step_vs_nodes(result: dict[str, Any]) -> plt.Figure:
+    """Verify + commit per layer against draft nodes N, one panel per batch, a line per strategy."""
+    batches = sorted({r["batch"] for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.4), squeeze=False)
+    for ax, B in zip(axes.flat, batches):
+        lines = defaultdict(list)
+        for r in result["rows"]:
+            if r["batch"] == B:
+                lines[r["strategy"]].append((r["nodes"], 1e6 * r["step_s"]))
+        for name, pts in lines.items():
+            pts.sort()
+            ax.plot(*zip(*pts), marker="o", label=name, color=COLORS.get(name))
+        ax.set(xscale="log", yscale="log", xlabel="draft nodes N", ylabel="verify + commit, µs per layer",
+               title=f"batch {B}")
+        ax.legend(fontsize=8)
+    fig.suptitle(_title(result, "Time per speculative step"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def bandwidth_fraction(result: dict[str, Any]) -> plt.Figure:
+    """Achieved / copy bandwidth of verify and commit at the largest batch, per draft and strategy."""
+    B = max(r["batch"] for r in result["rows"])
+    rows = [r for r in result["rows"] if r["batch"] == B]
+    labels = sorted({(r["nodes"], r["draft"]) for r in rows})
+    names = [n for n in COLORS if any(r["strategy"] == n for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    width = 0.8 / max(1, len(names))
+    for ax, part in zip(axes, ("verify", "commit")):
+        for j, name in enumerate(names):
+            xs, ys = [], []
+            for i, (_, d) in enumerate(labels):
+                hit = [r for r in rows if r["strategy"] == name and r["draft"] == d]
+                if hit and hit[0][f"{part}_bytes"] > 64:
+                    xs.append(i + j * width)
+                    ys.append(100 * hit[0][f"{part}_fraction_of_copy"])
+            ax.bar(xs, ys, width, label=name, color=COLORS.get(name))
+        ax.axhline(60, color="#999", lw=0.8, ls="--")
+        ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(labels))],
+                      [f"N={n}" for n, _ in labels], fontsize=7)
+        ax.set(ylabel="% of copy bandwidth", title=f"{part}, batch {B}")
+        ax.legend(fontsize=7)
+    fig.suptitle(_title(result, f"Achieved bandwidth (copy: {result['copy_bandwidth'] / 1e9:,.0f} GB/s)"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def solve_vs_nodes(result: dict[str, Any]) -> plt.Figure:
+    """TreeWY's verify with and without the solve, store_all's verify, against N (chains)."""
+    rows = sorted(result["solve"], key=lambda r: r["nodes"])
+    n = [r["nodes"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    ax.plot(n, [1e6 * r["treewy_verify_s"] for r in rows], marker="o", color=COLORS["treewy"], label="treewy verify")
+    ax.plot(n, [1e6 * r["treewy_verify_nosolve_s"] for r in rows], marker="o", ls="--", color=COLORS["treewy"],
+            label="treewy verify without the solve")
+    ax.plot(n, [1e6 * r["solve_s"] for r in rows], marker="s", color="#ff7f0e", label="the solve")
+    ax.plot(n, [1e6 * r["store_all_verify_s"] for r in rows], marker="o", color=COLORS["store_all"],
+            label="store_all verify")
+    ax.set(xscale="log", yscale="log", xlabel="chain nodes N", ylabel="µs per layer",
+           title=_title(result, f"TreeWY's triangular solve, batch {rows[0]['batch']}"))
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def write_report(result: dict[str, Any], path: Path) -> Path:
+    e = html.escape
+    figs = [("Time per step", step_vs_nodes(result)), ("Bandwidth", bandwidth_fraction(result)),
+            ("Solve", solve_vs_nodes(result))]
+    imgs = "".join(f'<figure><img alt="{e(t)}" src="data:image/png;base64,{_png(f)}"></figure>' for t, f in figs)
+    for _, f in figs:
+        plt.close(f)
+    head = ["draft", "N", "batch", "strategy", "verify µs", "commit µs", "verify %", "commit %", "spec. MiB/req"]
+    body = "".join(
+        "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
+            r["draft"], r["nodes"], r["batch"], r["strategy"], f"{1e6 * r['verify_s']:.1f}",
+            f"{1e6 * r['commit_s']:.1f}", f"{100 * r['verify_fraction_of_copy']:.0f}",
+            f"{100 * r['commit_fraction_of_copy']:.0f}",
+            f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")) + "</tr>"
+        for r in result["rows"])
+    n = result["crossover_nodes"]
+    cross = (f"costs more than store_all's from N = {n}" if n else "stays cheaper than store_all's at every N measured")
+    prov = result.get("provenance", {})
+    body_rows = body
+    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>CommitBench kernels</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{padding:2px 8px;text-align:right}}
+img{{max-width:100%}}</style></head><body>
+<h1>Strategy kernels — engine: {e(result['engine'])}</h1>
+<p>{e(result['device'])}; one GDN layer (H={result['shape']['H']}, HV={result['shape']['HV']},
+K={result['shape']['K']}, V={result['shape']['V']}), x{result['num_layers']} for the model.
+Copy bandwidth measured in the same run: {result['copy_bandwidth'] / 1e9:,.0f} GB/s (read + write).
+TreeWY's verify {e(cross)}.
+Triton {e(str(result.get('triton')))}, torch {e(str(prov.get('torch')))}, commit {e(str(prov.get('git_commit')))}.</p>
+{imgs}
+<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body_rows}</table></body></html>"""
+    path.write_text(doc)
+    return path
+
+
+def is_kernel_result(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "copy_bandwidth" in data and "solve" in data

@@ -1,0 +1,227 @@
+"""The strategies on Triton kernels: the torch classes' contract, memory accounting and checks,
+with verify and commit launched as the kernels in :mod:`.triton_kernels`.
+
+``block_v`` is the value-column tile (16/32/64); ``inplace`` lets commit overwrite the state it is
+given, as an engine does (off by default: the contract's callers may still hold that tensor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import triton
+
+from .. import replay as replay_mod
+from .. import store_all as store_all_mod
+from .. import treewy as treewy_mod
+from ..base import Verified
+from ..history import DEFAULT_BUFFER_LEN, History
+from ..inputs import StepShape
+from ..tree import DraftTree
+from . import triton_kernels as tk
+
+INTERPRETED = False   # set by strategies.kernels when it loads this module
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+NO_SKIP = 1 << 30
+
+
+@lru_cache(maxsize=256)
+def _tree_meta(tree: DraftTree, device: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(inclusive ancestor mask ``[N, N]`` int8, parents ``[N]`` int32, is it the chain 0-1-2-...)."""
+    anc = tree.ancestor_mask(inclusive=True).to(torch.int8).to(device)
+    par = torch.tensor(tree.parents, dtype=torch.int32, device=device)
+    chain = tree.parents == tuple(range(-1, tree.num_nodes - 1))
+    return anc, par, chain
+
+
+def _check_dtype(x: torch.Tensor, name: str) -> None:
+    if x.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"strategy={name} (Triton): dtype {x.dtype}; the kernels compute in float32 from "
+                         "float32/bfloat16/float16 inputs. Use strategies.get(...) (torch) for float64")
+
+
+class _Tiles:
+    mixed_dtypes = True   # an fp32 state with bf16 inputs, as vLLM runs Qwen3.5
+
+    def __init__(self, block_v: int = 32, num_warps: int = 4):
+        if block_v not in (16, 32, 64, 128):
+            raise ValueError(f"block_v={block_v}: use 16, 32, 64 or 128 value columns per program")
+        self.block_v, self.num_warps = int(block_v), int(num_warps)
+
+    def grid(self, s: StepShape) -> tuple[int, int]:
+        return s.B * s.HV, triton.cdiv(s.V, self.bv(s))
+
+    def bv(self, s: StepShape) -> int:
+        return min(self.block_v, tk.next_pow2(s.V))
+
+
+def _c(*xs: torch.Tensor) -> list[torch.Tensor]:
+    return [x.contiguous() for x in xs]
+
+
+class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
+    """``treewy`` on Triton. Stash: ``v_tilde [B, N, HV, V]`` and ``G [B, N, HV]`` float32, ``k``."""
+
+    def __init__(self, block_v: int = 32, num_warps: int = 4, inplace: bool = False, solve: bool = True):
+        _Tiles.__init__(self, block_v, num_warps)
+        self.inplace, self.solve = bool(inplace), bool(solve)
+
+    def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
+        _check_dtype(carry, self.name)
+        anc, _, _ = _tree_meta(tree, str(carry.device))
+        h0, q, k, v, g, beta = _c(carry, q, k, v, g, beta)
+        o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=h0.device)
+        vt = torch.empty_like(o)
+        G = torch.empty(s.B, s.N, s.HV, dtype=torch.float32, device=h0.device)
+        kst = torch.empty_like(k)
+        tk.treewy_verify[self.grid(s)](
+            h0, q, k, v, g, beta, anc, o, vt, G, kst, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
+            BN=tk.next_pow2(s.N), BK=tk.next_pow2(s.K), BV=self.bv(s), SOLVE=self.solve, num_warps=self.num_warps)
+        return Verified(o.to(q.dtype), tree, s, {"v_tilde": vt, "k": kst, "G": G})
+
+    def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> torch.Tensor:
+        s, st = verified.shape, verified.stash
+        anc, _, _ = _tree_meta(verified.tree, str(carry.device))
+        h0 = carry.contiguous()
+        out = h0 if self.inplace else torch.empty_like(h0)
+        onpath = anc[accepted.clamp(min=0)]
+        rebuild(h0, out, st["k"], st["v_tilde"], st["G"], onpath, accepted, s, self, cumsum=False,
+                store_all=not self.inplace)
+        return out
+
+
+def rebuild(h0, out, k, u, G, onpath, end, s: StepShape, tiles: _Tiles, cumsum: bool, store_all: bool) -> None:
+    """Launch :func:`.triton_kernels.rebuild` over ``M = onpath.shape[1]`` tokens (see there)."""
+    M = onpath.shape[1]
+    tk.rebuild[tiles.grid(s)](
+        h0, out, k, u, G, onpath.to(torch.int8).contiguous(), end.to(torch.int32).contiguous(), M,
+        H=s.H, HV=s.HV, K=s.K, V=s.V, BM=tk.next_pow2(M), BK=tk.next_pow2(s.K), BV=tiles.bv(s),
+        CUMSUM=cumsum, STORE_ALL=store_all, num_warps=tiles.num_warps)
+
+
+@dataclass
+class Snapshots:
+    """store_all's carry: the committed state is ``states[b, slot[b]]``, or ``base[b]`` before the
+    first step. Commit only moves ``slot`` (vLLM's commit picks a page by index; nothing is copied)."""
+
+    base: torch.Tensor
+    states: torch.Tensor | None = None
+    slot: torch.Tensor | None = None
+
+
+class StoreAllKernel(_Tiles, store_all_mod.StoreAll):
+    """``store_all`` on Triton: verify writes a snapshot per node into ``N + 1`` slots per request
+    (one more than vLLM's ``1 + k`` pages, so a step that accepts nothing keeps its state in place)."""
+
+    def __init__(self, block_v: int = 32, num_warps: int = 4):
+        _Tiles.__init__(self, block_v, num_warps)
+
+    def start(self, state: torch.Tensor) -> Snapshots:
+        return Snapshots(state)
+
+    def _base(self, carry: Snapshots) -> torch.Tensor:
+        return carry.base
+
+    def materialize(self, carry: Snapshots) -> torch.Tensor:
+        if carry.states is None:
+            return carry.base
+        return carry.states[torch.arange(carry.states.shape[0], device=carry.slot.device), carry.slot]
+
+    def _verify(self, carry: Snapshots, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
+        _check_dtype(carry.base, self.name)
+        _, par, chain = _tree_meta(tree, str(carry.base.device))
+        base = carry.base.contiguous()
+        q, k, v, g, beta = _c(q, k, v, g, beta)
+        dev = base.device
+        in_place = carry.states is not None and carry.states.shape[1] >= s.N + 1
+        if carry.states is None:
+            src, slot = base, torch.full((s.B,), -1, dtype=torch.int32, device=dev)
+        else:
+            src, slot = carry.states, carry.slot.to(torch.int32)
+        if in_place:
+            dst, skip, h0_slot = carry.states, slot, slot
+        else:
+            dst = torch.empty(s.B, s.N + 1, s.HV, s.K, s.V, dtype=base.dtype, device=dev)
+            skip = torch.full((s.B,), NO_SKIP, dtype=torch.int32, device=dev)
+            h0_slot = torch.full((s.B,), s.N, dtype=torch.int32, device=dev)
+        o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=dev)
+        tk.store_all_verify[self.grid(s)](
+            base, src, slot, src.shape[1] if src.dim() == 5 else 1, dst, skip, dst.shape[1],
+            q, k, v, g, beta, par, o, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
+            BK=tk.next_pow2(s.K), BV=self.bv(s), IS_CHAIN=chain, WRITE_BASE=not in_place,
+            num_warps=self.num_warps)
+        return Verified(o.to(q.dtype), tree, s, {"states": dst, "skip": skip, "h0_slot": h0_slot,
+                                                 "base": base})
+
+    def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> Snapshots:
+        st = verified.stash
+        a = accepted.to(torch.int32)
+        slot = torch.where(a >= 0, a + (a >= st["skip"]).to(torch.int32), st["h0_slot"])
+        return Snapshots(st["base"], st["states"], slot.long())
+
+
+class KernelHistory(History):
+    """The deferred-flush carry with the flush (rebuild the checkpoint from the ring) on Triton."""
+
+    tiles: _Tiles = _Tiles()
+
+    def _replay(self, h0: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self._rebuild(h0.contiguous(), torch.empty_like(h0), rows, store_all=True)
+
+    def _flush(self, rows: torch.Tensor) -> None:
+        if not bool(rows.any()):
+            return
+        self.checkpoint = self.checkpoint.contiguous()
+        self._rebuild(self.checkpoint, self.checkpoint, rows, store_all=False)
+        for buf in (self.u, self.k, self.g):
+            buf[rows] = 0
+        self.length = torch.where(rows, 0, self.length)
+        self.flushes = self.flushes + rows.long()
+
+    def _rebuild(self, h0, out, rows, store_all: bool) -> torch.Tensor:
+        B, HV, K, V = self.checkpoint.shape
+        s = StepShape(B, 0, self.k.shape[2], HV, K, V)
+        L = self.capacity
+        onpath = torch.arange(L, device=h0.device)[None, :] < self.length[:, None]
+        end = torch.where(rows & (self.length > 0), self.length - 1, -1)
+        rebuild(h0, out, self.k.contiguous(), self.u.contiguous(), self.g.contiguous(), onpath, end, s,
+                self.tiles, cumsum=True, store_all=store_all)
+        return out
+
+
+class ReplayKernel(_Tiles, replay_mod.Replay):
+    """``replay`` on Triton: verify rebuilds the committed state from checkpoint + ring in registers
+    and runs the draft chain from it; the flush rewrites the checkpoint with the same rebuild."""
+
+    def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN, block_v: int = 32, num_warps: int = 4):
+        replay_mod.Replay.__init__(self, buffer_len)
+        _Tiles.__init__(self, block_v, num_warps)
+
+    def start(self, state: torch.Tensor) -> KernelHistory:
+        h = KernelHistory.start(state, self.buffer_len)
+        h.tiles = self
+        return h
+
+    def _verify(self, carry: History, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
+        carry.check_fits(tree.num_nodes, self.name)
+        _check_dtype(carry.checkpoint, self.name)
+        if carry.u is None:  # nothing buffered yet: an empty ring in the checkpoint's dtype
+            L, dt, dev = carry.capacity, carry.checkpoint.dtype, carry.checkpoint.device
+            carry.u = torch.zeros(s.B, L, s.HV, s.V, dtype=dt, device=dev)
+            carry.k = torch.zeros(s.B, L, s.H, s.K, dtype=dt, device=dev)
+            carry.g = torch.zeros(s.B, L, s.HV, dtype=dt, device=dev)
+        ckpt, q, k, v, g, beta = _c(carry.checkpoint, q, k, v, g, beta)
+        carry.checkpoint = ckpt
+        o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=ckpt.device)
+        u = torch.empty_like(o)
+        L = carry.capacity
+        tk.replay_verify[self.grid(s)](
+            ckpt, carry.u.contiguous(), carry.k.contiguous(), carry.g.contiguous(), carry.length.to(torch.int32),
+            L, q, k, v, g, beta, o, u, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
+            BL=tk.next_pow2(L), BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps)
+        return Verified(o.to(q.dtype), tree, s, {"u": u, "k": k, "g": g})
+
+
+STRATEGIES = {"store_all": StoreAllKernel, "replay": ReplayKernel, "treewy": TreeWYKernel}

@@ -1,0 +1,223 @@
+"""The Triton kernels themselves. Imported only through :mod:`strategies.kernels.ops` (needs Triton).
+
+Layouts are the contract's, contiguous: state ``[B, HV, K, V]``, q/k ``[B, N, H, K]``,
+v ``[B, N, HV, V]``, g/beta ``[B, N, HV]``. Grid: ``(B * HV, cdiv(V, BV))``; program
+``(b·HV + hv, j)`` owns value columns ``[j·BV, (j+1)·BV)`` of request b's value head hv, which reads
+key head ``hv // (HV // H)``. ``BN``/``BM``/``BK`` are the node, token and key extents padded to
+powers of two >= 16 (``tl.dot``'s minimum).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
+    """Outputs and pseudo-values of every node from ``h0`` (read once, never written).
+
+    anc ``[N, N]`` int8: inclusive ancestor mask (``anc[t, i]``: i is on t's path). Writes o and
+    vt (``Ṽ``) ``[B, N, HV, V]`` float32, Gout ``[B, N, HV]`` float32 (cumulative log decay), and
+    kst ``[B, N, H, K]`` (the keys, kept for commit; written by one program per key head).
+    ``SOLVE=False`` skips the triangular solve (``Ṽ = R``): the benchmark's measure of its cost.
+    """
+    i_bh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    hk = hv // (HV // H)
+    on = tl.arange(0, BN)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mn = on < N
+    mk = ok < K
+    mv = ov < V
+    row = b * N + on
+    ancm = tl.load(anc + on[:, None] * N + on[None, :], mask=mn[:, None] & mn[None, :], other=0) != 0
+    strict = ancm & (on[:, None] != on[None, :])
+    mnk = mn[:, None] & mk[None, :]
+    mnv = mn[:, None] & mv[None, :]
+    kk = tl.load(k + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
+    qq = tl.load(q + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
+    vv = tl.load(v + (row[:, None] * HV + hv) * V + ov[None, :], mask=mnv, other=0.).to(tl.float32)
+    gg = tl.load(g + row * HV + hv, mask=mn, other=0.).to(tl.float32)
+    bb = tl.load(beta + row * HV + hv, mask=mn, other=0.).to(tl.float32)
+    hh = tl.load(h0 + (i_bh * K + ok[:, None]) * V + ov[None, :],
+                 mask=mk[:, None] & mv[None, :], other=0.).to(tl.float32)
+
+    G = tl.sum(tl.where(ancm, gg[None, :], 0.), axis=1)                 # [BN] cumulative log decay
+    # Zero the exponent off the ancestor pattern first: e^{G_t - G_i} can overflow there.
+    dec = tl.where(ancm, tl.exp(tl.where(ancm, G[:, None] - G[None, :], 0.)), 0.)
+    gram = tl.dot(kk, tl.trans(kk), input_precision="ieee")
+    A = bb[:, None] * tl.where(strict, dec, 0.) * gram                  # strictly lower triangular
+    eG = tl.exp(G)
+    R = bb[:, None] * (vv - eG[:, None] * tl.dot(kk, hh, input_precision="ieee"))
+    if SOLVE:
+        # Forward substitution (I + A) Ṽ = R, one node per iteration: preorder puts ancestors first.
+        x = tl.zeros([BN, BV], dtype=tl.float32)
+        for t in range(N):
+            sel = on[:, None] == t
+            a_t = tl.sum(tl.where(sel, A, 0.), axis=0)                  # row t of A, over i
+            r_t = tl.sum(tl.where(sel, R, 0.), axis=0)
+            x = tl.where(sel, (r_t - tl.sum(a_t[:, None] * x, axis=0))[None, :], x)
+    else:
+        x = R
+    W = dec * tl.dot(qq, tl.trans(kk), input_precision="ieee")
+    out = scale * (eG[:, None] * tl.dot(qq, hh, input_precision="ieee") + tl.dot(W, x, input_precision="ieee"))
+    tl.store(o + (row[:, None] * HV + hv) * V + ov[None, :], out, mask=mnv)
+    tl.store(vt + (row[:, None] * HV + hv) * V + ov[None, :], x, mask=mnv)
+    if i_v == 0:
+        tl.store(Gout + row * HV + hv, G, mask=mn)
+        if hv % (HV // H) == 0:
+            tl.store(kst + (row[:, None] * H + hk) * K + ok[None, :], kk.to(kst.dtype.element_ty), mask=mnk)
+
+
+@triton.jit
+def rebuild(h0, out, k, u, G, onpath, end, M,
+            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+            BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+            CUMSUM: tl.constexpr, STORE_ALL: tl.constexpr):
+    """``out = e^{G_e} h0 + Σ_{i on path} e^{G_e - G_i} k_i ⊗ u_i`` per request (TreeWY's commit,
+    the deferred flush). ``out`` may be ``h0`` (in place).
+
+    k ``[B, M, H, K]``, u ``[B, M, HV, V]``, G ``[B, M, HV]``: cumulative log decays, or per-token
+    ones summed here along the path when ``CUMSUM`` (the path is then a prefix). onpath ``[B, M]``
+    int8, end ``[B]`` int32: the path's last index, -1 = nothing (out = h0; with ``STORE_ALL=False``
+    such rows are not written at all, nor are their k and u read).
+    """
+    i_bh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    hk = hv // (HV // H)
+    om = tl.arange(0, BM)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < K
+    mv = ov < V
+    e = tl.load(end + b)
+    # Scalar conditions enter masks as vectors (Triton's interpreter rejects bool-tensor & bool-scalar).
+    has_k = (ok * 0 + e) >= 0
+    path = (tl.load(onpath + b * M + om, mask=om < M, other=0) != 0) & ((om * 0 + e) >= 0)
+    gl = tl.load(G + (b * M + om) * HV + hv, mask=path, other=0.).to(tl.float32)
+    if CUMSUM:
+        gl = tl.cumsum(gl, axis=0)
+    Ge = tl.sum(tl.where(om == e, gl, 0.), axis=0)
+    w = tl.where(path, tl.exp(Ge - tl.where(path, gl, 0.)), 0.)
+    kk = tl.load(k + ((b * M + om[:, None]) * H + hk) * K + ok[None, :],
+                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
+    uu = tl.load(u + ((b * M + om[:, None]) * HV + hv) * V + ov[None, :],
+                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
+    m2 = mk[:, None] & mv[None, :]
+    if not STORE_ALL:
+        m2 = m2 & has_k[:, None]
+    tile = (i_bh * K + ok[:, None]) * V + ov[None, :]
+    hh = tl.load(h0 + tile, mask=m2, other=0.).to(tl.float32)
+    hn = tl.exp(Ge) * hh + tl.dot(tl.trans(kk * w[:, None]), uu, input_precision="ieee")
+    tl.store(out + tile, hn.to(out.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, beta, par, o, scale, N,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BK: tl.constexpr, BV: tl.constexpr, IS_CHAIN: tl.constexpr, WRITE_BASE: tl.constexpr):
+    """vLLM's store_all: a state snapshot per node, each from its parent's.
+
+    The committed state is ``states[b, slot[b]]`` (``base[b]`` where slot < 0), both
+    ``[B, S_src, HV, K, V]``/``[B, HV, K, V]``. Node t's state goes to ``dst[b, t + (t >= skip[b])]``
+    (``[B, S_dst, HV, K, V]``): writing in place skips the committed state's own slot, so it
+    survives a step that accepts nothing. ``WRITE_BASE`` also copies it to slot ``N`` (a fresh dst).
+    A chain keeps the running state in registers; a tree reads each parent's snapshot back.
+    """
+    i_bh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    hk = hv // (HV // H)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < K
+    mv = ov < V
+    m2 = mk[:, None] & mv[None, :]
+    tile = ok[:, None] * V + ov[None, :]
+    sl = tl.load(slot + b)
+    src = tl.where(sl >= 0, states + ((b * S_src + sl) * HV + hv) * K * V, base + i_bh * K * V)
+    h0 = tl.load(src + tile, mask=m2, other=0.).to(tl.float32)
+    sk = tl.load(skip + b)
+    if WRITE_BASE:
+        tl.store(dst + ((b * S_dst + N) * HV + hv) * K * V + tile, h0.to(dst.dtype.element_ty), mask=m2)
+    h = h0
+    for t in range(N):
+        if not IS_CHAIN:
+            p = tl.load(par + t)
+            ps = p + (p >= sk).to(tl.int32)
+            hp = tl.load(dst + ((b * S_dst + ps) * HV + hv) * K * V + tile, mask=m2 & ((ok * 0 + p) >= 0)[:, None],
+                         other=0.)
+            h = tl.where(p >= 0, hp.to(tl.float32), h0)
+        r = b * N + t
+        kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+        qt = tl.load(q + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+        vt = tl.load(v + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
+        gt = tl.load(g + r * HV + hv).to(tl.float32)
+        bt = tl.load(beta + r * HV + hv).to(tl.float32)
+        h = tl.exp(gt) * h
+        u = bt * (vt - tl.sum(h * kt[:, None], axis=0))
+        h = h + kt[:, None] * u[None, :]
+        ts = t + (t >= sk).to(tl.int32)
+        tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
+        tl.store(o + (r * HV + hv) * V + ov, scale * tl.sum(h * qt[:, None], axis=0), mask=mv)
+        if not IS_CHAIN:
+            tl.debug_barrier()   # the next node may read this snapshot back
+
+
+@triton.jit
+def replay_verify(ckpt, ru, rk, rg, length, L, q, k, v, g, beta, o, ust, scale, N,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """ReplaySSM's verify: rebuild the committed state from the checkpoint and the ring of the
+    ``length[b]`` tokens accepted since (never written back), then run the draft chain from it.
+
+    ckpt ``[B, HV, K, V]``; ring ru ``[B, L, HV, V]``, rk ``[B, L, H, K]``, rg ``[B, L, HV]``
+    (per-token log decays). Writes o and ust (each node's pseudo-value u) ``[B, N, HV, V]``.
+    """
+    i_bh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    hk = hv // (HV // H)
+    ol = tl.arange(0, BL)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < K
+    mv = ov < V
+    m2 = mk[:, None] & mv[None, :]
+    n = tl.load(length + b)
+    path = ol < n
+    gl = tl.cumsum(tl.load(rg + (b * L + ol) * HV + hv, mask=path, other=0.).to(tl.float32), axis=0)
+    Ge = tl.sum(tl.where(ol == n - 1, gl, 0.), axis=0)
+    w = tl.where(path, tl.exp(Ge - tl.where(path, gl, 0.)), 0.)
+    kk = tl.load(rk + ((b * L + ol[:, None]) * H + hk) * K + ok[None, :],
+                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
+    uu = tl.load(ru + ((b * L + ol[:, None]) * HV + hv) * V + ov[None, :],
+                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
+    h = tl.load(ckpt + (i_bh * K + ok[:, None]) * V + ov[None, :], mask=m2, other=0.).to(tl.float32)
+    h = tl.exp(Ge) * h + tl.dot(tl.trans(kk * w[:, None]), uu, input_precision="ieee")
+    for t in range(N):
+        r = b * N + t
+        kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+        qt = tl.load(q + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+        vt = tl.load(v + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
+        gt = tl.load(g + r * HV + hv).to(tl.float32)
+        bt = tl.load(beta + r * HV + hv).to(tl.float32)
+        h = tl.exp(gt) * h
+        u = bt * (vt - tl.sum(h * kt[:, None], axis=0))
+        h = h + kt[:, None] * u[None, :]
+        tl.store(ust + (r * HV + hv) * V + ov, u, mask=mv)
+        tl.store(o + (r * HV + hv) * V + ov, scale * tl.sum(h * qt[:, None], axis=0), mask=mv)
+
+
+def next_pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(int(n)))

@@ -1,0 +1,199 @@
+"""The Triton kernels against the torch strategies and the literal recurrence.
+
+On a CUDA GPU they run compiled, at the real head shapes too; elsewhere in Triton's interpreter
+(tests/conftest.py switches it on before anything imports Triton), at small shapes: slow, exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strategies
+from strategies import DraftTree, accepted_state, kernels, tree_recurrence
+
+from conftest import make_step, rel_err
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="Triton not installed (pip install triton)")
+
+GPU = torch.cuda.is_available()
+DEV = "cuda" if GPU else "cpu"
+FP32_TOL = 1e-5
+BF16_TOL = 2e-2     # bf16 inputs: 8 mantissa bits; outputs compared with the fp32 reference on the same inputs
+
+SHAPES = {
+    "chain1+root": DraftTree.chain(1, root=True),
+    "chain3+root": DraftTree.chain(3, root=True),
+    "chain7+root": DraftTree.chain(7, root=True),
+    "tree222+root": DraftTree.from_widths((2, 2, 2), root=True),
+    "forest": DraftTree((-1, 0, 1, 0, -1, 4, -1)),
+}
+# The benchmark's big shapes; on the CPU interpreter only where they stay cheap.
+BIG = {
+    "tree333+root": DraftTree.from_widths((3, 3, 3), root=True),       # N = 40
+    "tree22222+root": DraftTree.from_widths((2,) * 5, root=True),      # N = 63
+    "chain63+root": DraftTree.chain(63, root=True),                    # N = 64
+}
+HEADS = dict(H=2, HV=4, K=16, V=32) if not GPU else dict(H=16, HV=32, K=128, V=128)
+
+
+def applicable(name, tree):
+    return name != "replay" or tree.is_chain
+
+
+def pair(name, tree, **kw):
+    """(Triton strategy, torch reference strategy) with the same options."""
+    opts = {"buffer_len": max(16, tree.num_nodes)} if name == "replay" else {}
+    return kernels.get(name, **opts, **kw), strategies.get(name, **opts)
+
+
+def step(tree, B, dtype=torch.float32, seed=0, **heads):
+    return [t.to(DEV) for t in make_step(tree, B=B, dtype=dtype, seed=seed, **(heads or HEADS))]
+
+
+CASES = [(n, s) for s in SHAPES for n in kernels.NAMES if applicable(n, SHAPES[s])]
+
+
+@pytest.mark.parametrize("name, shape", CASES)
+def test_one_step_matches_the_recurrence(name, shape):
+    """Outputs of every node, and the committed state for every accepted node incl. -1."""
+    tree = SHAPES[shape]
+    N = tree.num_nodes
+    state, q, k, v, g, beta = step(tree, B=N + 1, seed=5)
+    o_ref, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
+    strat, _ = pair(name, tree, block_v=16)
+    ver = strat.verify(strat.start(state), q, k, v, g, beta, tree)
+    assert ver.o.shape == o_ref.shape and ver.o.dtype == torch.float32
+    assert rel_err(ver.o, o_ref) <= FP32_TOL
+    accepted = torch.arange(-1, N, device=DEV)
+    committed = strat.materialize(strat.commit(strat.start(state), ver, accepted))
+    assert rel_err(committed, accepted_state(state, states_ref, accepted)) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", kernels.NAMES)
+def test_many_steps_follow_the_torch_strategy(name):
+    """Twelve steps with random acceptance and a draft shape that changes midway: the carries
+    (store_all's slots written in place, replay's ring and its flushes) stay on the reference."""
+    gen = torch.Generator().manual_seed(3)
+    trees = [DraftTree.chain(3, root=True)] * 6 + [DraftTree.chain(1, root=True)] * 3 \
+        + [DraftTree.chain(5, root=True)] * 3
+    opts = {"buffer_len": 8} if name == "replay" else {}
+    kern, ref = kernels.get(name, block_v=16, **opts), strategies.get(name, **opts)
+    B = 5
+    state = step(trees[0], B=B, seed=0)[0]
+    ck, cr = kern.start(state.clone()), ref.start(state.clone())
+    for i, tree in enumerate(trees):
+        _, q, k, v, g, beta = step(tree, B=B, seed=100 + i)
+        vk, vr = kern.verify(ck, q, k, v, g, beta, tree), ref.verify(cr, q, k, v, g, beta, tree)
+        assert rel_err(vk.o, vr.o) <= FP32_TOL, f"step {i}"
+        accepted = torch.randint(0, tree.num_nodes, (B,), generator=gen).to(DEV)
+        accepted[i % B] = -1
+        ck, cr = kern.commit(ck, vk, accepted), ref.commit(cr, vr, accepted)
+        assert rel_err(kern.materialize(ck), ref.materialize(cr)) <= FP32_TOL, f"step {i}"
+    if name == "replay":
+        assert int(ck.flushes.sum()) > 0 and torch.equal(ck.flushes, cr.flushes)
+
+
+@pytest.mark.parametrize("shape", list(BIG) if GPU else ["tree333+root"])
+@pytest.mark.parametrize("name", ["treewy", "store_all"])
+def test_big_trees(name, shape):
+    """The benchmark's large shapes (N up to 64): the solve stays exact as the tree grows."""
+    tree = BIG[shape]
+    heads = None if GPU else dict(H=1, HV=2, K=16, V=16)
+    state, q, k, v, g, beta = step(tree, B=3, seed=7, **(heads or {}))
+    o_ref, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
+    strat, _ = pair(name, tree)
+    ver = strat.verify(strat.start(state), q, k, v, g, beta, tree)
+    assert rel_err(ver.o, o_ref) <= FP32_TOL
+    accepted = torch.tensor([0, tree.num_nodes - 1, tree.num_nodes // 2], device=DEV)
+    committed = strat.materialize(strat.commit(strat.start(state), ver, accepted))
+    assert rel_err(committed, accepted_state(state, states_ref, accepted)) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", kernels.NAMES)
+def test_bf16_inputs_within_bf16_tolerance(name):
+    """bf16 q/k/v/g/beta and state: the kernels compute in fp32 and cast the state back."""
+    tree = DraftTree.chain(3, root=True)
+    ins = step(tree, B=4, seed=9)
+    bf = [t.to(torch.bfloat16) for t in ins]
+    o_ref, states_ref = tree_recurrence(*[t.float() for t in bf], tree)
+    strat, _ = pair(name, tree, block_v=16)
+    ver = strat.verify(strat.start(bf[0]), *bf[1:], tree)
+    assert ver.o.dtype == torch.bfloat16 and rel_err(ver.o, o_ref) <= BF16_TOL
+    accepted = torch.tensor([0, 1, 2, 3], device=DEV)
+    committed = strat.materialize(strat.commit(strat.start(bf[0]), ver, accepted))
+    assert committed.dtype == torch.bfloat16
+    assert rel_err(committed, accepted_state(bf[0].float(), states_ref, accepted)) <= BF16_TOL
+
+
+def test_treewy_commit_in_place_writes_the_given_state():
+    tree = DraftTree.from_widths((2, 2), root=True)
+    state, q, k, v, g, beta = step(tree, B=3, seed=2)
+    accepted = torch.tensor([-1, 2, 6], device=DEV)
+    outside = kernels.get("treewy", block_v=16)
+    ver = outside.verify(state, q, k, v, g, beta, tree)
+    expected = outside.commit(state, ver, accepted)
+    h = state.clone()
+    out = kernels.get("treewy", block_v=16, inplace=True).commit(h, ver, accepted)
+    assert out.data_ptr() == h.data_ptr()
+    assert rel_err(h, expected) <= FP32_TOL and torch.equal(h[0], state[0])
+
+
+def test_solve_off_is_the_unsolved_system():
+    """solve=False (the benchmark's way to time the solve) returns Ṽ = R: wrong unless A = 0."""
+    tree = DraftTree.chain(3, root=True)
+    state, q, k, v, g, beta = step(tree, B=2, seed=4)
+    o_ref, _ = tree_recurrence(state, q, k, v, g, beta, tree)
+    unsolved = kernels.get("treewy", block_v=16, solve=False).verify(state, q, k, v, g, beta, tree)
+    assert rel_err(unsolved.o, o_ref) > 1e-3
+    zero_beta = kernels.get("treewy", block_v=16, solve=False).verify(state, q, k, v, g, beta * 0, tree)
+    o0, _ = tree_recurrence(state, q, k, v, g, beta * 0, tree)
+    assert rel_err(zero_beta.o, o0) <= FP32_TOL
+
+
+def test_clear_errors():
+    tree = DraftTree.chain(3, root=True)
+    state, q, k, v, g, beta = step(tree, B=2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="float64"):
+        kernels.get("treewy").verify(state, q, k, v, g, beta, tree)
+    with pytest.raises(ValueError, match="treewy_deferred runs on the torch reference"):
+        kernels.get("treewy_deferred")
+    with pytest.raises(ValueError, match="block_v=48"):
+        kernels.get("store_all", block_v=48)
+    branching = DraftTree.from_widths((2, 2), root=True)
+    s = step(branching, B=2)
+    with pytest.raises(ValueError, match="needs a chain"):
+        kernels.get("replay").verify(kernels.get("replay").start(s[0]), *s[1:], branching)
+
+
+def test_bench_kernels_smoke_and_report(tmp_path):
+    """The benchmark's code path end to end (tiny shapes; in the interpreter on CPU), and its report."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "k" / "smoke.json"
+    run = subprocess.run([sys.executable, "-m", "harness", "bench", "kernels", "smoke=true", f"out={out}"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["copy_bandwidth"] > 0 and res["solve"] and "engine" in res
+    got = {(r["strategy"], r["draft"], r["batch"]) for r in res["rows"]}
+    assert ("replay", "2,2+root", 1) not in got and ("treewy", "2,2+root", 1) in got  # replay: chains only
+    for r in res["rows"]:
+        assert r["verify_s"] > 0 and r["verify_bytes"] > 0 and r["step_s"] >= r["verify_s"]
+    sa = {r["draft"]: r for r in res["rows"] if r["strategy"] == "store_all" and r["batch"] == 2}
+    tw = {r["draft"]: r for r in res["rows"] if r["strategy"] == "treewy" and r["batch"] == 2}
+    # The byte model: store_all's verify writes a state per node, treewy's commit moves about two.
+    S = 2 * 16 * 32 * 4 * 2                          # HV*K*V*fp32, two requests
+    assert sa["2,2+root"]["verify_bytes"] > 7 * S > tw["2,2+root"]["verify_bytes"]
+    assert 2 * S <= tw["chain:3+root"]["commit_bytes"] < 3 * S
+    (out.with_suffix(".html")).unlink()
+    rep = subprocess.run([sys.executable, "-m", "harness", "report", str(out.parent)], capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert "engine: triton-interpreter" in out.with_suffix(".html").read_text()
+    if not GPU:
+        real = subprocess.run([sys.executable, "-m", "harness", "bench", "kernels"], capture_output=True, text=True,
+                              timeout=300)
+        assert real.returncode == 2 and "no" in real.stderr and "smoke=true" in real.stderr
