@@ -188,6 +188,15 @@ def test_bench_kernels_smoke_and_report(tmp_path):
     S = 2 * 16 * 32 * 4 * 2                          # HV*K*V*fp32, two requests
     assert sa["2,2+root"]["verify_bytes"] > 7 * S > tw["2,2+root"]["verify_bytes"]
     assert 2 * S <= tw["chain:3+root"]["commit_bytes"] < 3 * S
+    # A run cut short resumes: keep half the rows, drop the solve points, mark it unfinished.
+    cut = dict(res, complete=False, rows=res["rows"][: len(res["rows"]) // 2], solve=[])
+    out.write_text(json.dumps(cut))
+    again = subprocess.run([sys.executable, "-m", "harness", "bench", "kernels", "smoke=true", f"out={out}"],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "resuming" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    res2 = json.loads(out.read_text())
+    assert res2["complete"] and len(res2["rows"]) == len(res["rows"]) and len(res2["solve"]) == len(res["solve"])
+    assert res2["rows"][: len(cut["rows"])] == cut["rows"]
     (out.with_suffix(".html")).unlink()
     rep = subprocess.run([sys.executable, "-m", "harness", "report", str(out.parent)], capture_output=True,
                          text=True, timeout=300)
@@ -197,3 +206,17 @@ def test_bench_kernels_smoke_and_report(tmp_path):
         real = subprocess.run([sys.executable, "-m", "harness", "bench", "kernels"], capture_output=True, text=True,
                               timeout=300)
         assert real.returncode == 2 and "no" in real.stderr and "smoke=true" in real.stderr
+
+
+@pytest.mark.skipif(not GPU, reason="needs ~10 GB of GPU memory: 256 requests x 18 snapshots at the real heads")
+def test_store_all_snapshot_offsets_past_2_31_elements():
+    """256 requests x (17 + 1) slots x 32 x 128 x 128 fp32 states: offsets beyond int32 (the benchmark's size)."""
+    tree = DraftTree.chain(16, root=True)
+    state, q, k, v, g, beta = step(tree, B=256, seed=1)
+    strat = kernels.get("store_all")
+    ver = strat.verify(strat.start(state), q, k, v, g, beta, tree)
+    assert ver.stash["states"].numel() > 2 ** 31
+    last = torch.full((256,), tree.num_nodes - 1, device=DEV)
+    got = strat.materialize(strat.commit(strat.start(state), ver, last))
+    ref = kernels.get("treewy").commit(state, kernels.get("treewy").verify(state, q, k, v, g, beta, tree), last)
+    assert rel_err(got[-8:], ref[-8:]) <= FP32_TOL

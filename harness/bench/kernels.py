@@ -66,13 +66,18 @@ def gpu_seconds(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool = 
     return statistics.median(times)
 
 
-def copy_bandwidth(nbytes: int, warmup: int, repeats: int, device: str) -> float:
-    """HBM copy bandwidth, bytes/s counting read + write (``dst.copy_(src)`` of ``nbytes``)."""
+def copy_bandwidth(nbytes: int, warmup: int, repeats: int, device: str) -> dict[str, float]:
+    """HBM copy bandwidth in bytes/s counting read + write, for ``nbytes``: torch's ``copy_`` and a
+    plain streaming Triton kernel; ``best`` (the larger) is the roofline the fractions divide by."""
+    from strategies.kernels import _ops
+
     n = max(1, nbytes // 4)
     src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    t = gpu_seconds(lambda: dst.copy_(src), warmup, repeats, graph=torch.cuda.is_available())
-    return 2 * n * 4 / t
+    graph = torch.cuda.is_available()
+    torch_bw = 2 * n * 4 / gpu_seconds(lambda: dst.copy_(src), warmup, repeats, graph=graph)
+    triton_bw = 2 * n * 4 / gpu_seconds(lambda: _ops().stream_copy(src, dst), warmup, repeats, graph=graph)
+    return {"torch_copy": torch_bw, "triton_copy": triton_bw, "best": max(torch_bw, triton_bw), "bytes": n * 4}
 
 
 # -- inputs and bytes -----------------------------------------------------------------------------
@@ -148,14 +153,14 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
         strat = kernels.get("treewy", inplace=True, **tiles)
         ver = strat.verify(state, q, k, v, g, beta, tree)
         row["verify_s"] = gpu_seconds(lambda: strat.verify(state, q, k, v, g, beta, tree), w, r)
-        row["commit_s"] = gpu_seconds(lambda: strat.commit(state, ver, accepted), w, r)
+        row["commit_s"] = gpu_seconds(lambda: strat._commit(state, ver, accepted), w, r)  # no host-side checks
         bytes_ = traffic(name, tree, shape, sb, ib, B, path_nodes=path_nodes)
     elif name == "store_all":
         strat = kernels.get("store_all", **tiles)
         carry = strat.commit(strat.start(state), strat.verify(strat.start(state), q, k, v, g, beta, tree), accepted)
         ver = strat.verify(carry, q, k, v, g, beta, tree)          # in place from here on
         row["verify_s"] = gpu_seconds(lambda: strat.verify(carry, q, k, v, g, beta, tree), w, r)
-        row["commit_s"] = gpu_seconds(lambda: strat.commit(carry, ver, accepted), w, r)
+        row["commit_s"] = gpu_seconds(lambda: strat._commit(carry, ver, accepted), w, r)
         bytes_ = traffic(name, tree, shape, sb, ib, B)
     else:
         L = int(cfg.buffer_len)
@@ -197,12 +202,8 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
     return row
 
 
-def solve_rows(shape: GDNShape, cfg: DictConfig, gen, device) -> list[dict[str, Any]]:
-    """TreeWY's verify with and without the triangular solve, and store_all's verify, over chains of N."""
-    return [_solve_row(int(N), shape, cfg, gen, device) for N in cfg.solve_nodes]
-
-
 def _solve_row(N: int, shape: GDNShape, cfg: DictConfig, gen, device) -> dict[str, Any]:
+    """TreeWY's verify with and without the triangular solve, and store_all's verify, on a chain of N nodes."""
     from strategies import kernels
 
     sdt, idt = as_dtype(cfg.state_dtype), as_dtype(cfg.input_dtype)
@@ -268,38 +269,52 @@ def run(cfg: DictConfig) -> int:
                   f"V={shape.value_head_dim}), state {cfg.state_dtype}, inputs {cfg.input_dtype}, "
                   f"median of {cfg.repeats}")
     gen = torch.Generator().manual_seed(int(cfg.seed))
-    copy_bw = copy_bandwidth(int(cfg.copy_bytes), int(cfg.warmup), int(cfg.repeats), device)
-    console.print(f"  copy bandwidth (read + write): {copy_bw / 1e9:,.0f} GB/s")
-    rows: list[dict[str, Any]] = []
+    copy = copy_bandwidth(int(cfg.copy_bytes), int(cfg.warmup), int(cfg.repeats), device)
+    copy_bw = copy["best"]
+    console.print(f"  copy bandwidth (read + write, {copy['bytes'] / GiB:.1f} GiB): "
+                  f"torch {copy['torch_copy'] / 1e9:,.0f} GB/s, Triton {copy['triton_copy'] / 1e9:,.0f} GB/s")
+    from omegaconf import OmegaConf
+
+    result: dict[str, Any] = {
+        "engine": "triton" if gpu else "triton-interpreter (smoke)", "device": where, "complete": False,
+        "copy_bandwidth": copy_bw, "copy": copy, "num_layers": shape.num_layers,
+        "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
+                  "V": shape.value_head_dim},
+        "rows": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "provenance": provenance(),
+        "config": OmegaConf.to_container(cfg, resolve=True)}
+    out = Path(str(cfg.out)) if cfg.out else None
+    done = _resume(out, result, console)
     jobs = [(parse_draft(d, root=bool(cfg.root)), int(B)) for d in cfg.drafts for B in cfg.batches]
     started = time.perf_counter()
     for i, (tree, B) in enumerate(jobs, 1):
         for name in kernels.NAMES:
             if name == "replay" and (not tree.is_chain or tree.num_nodes > int(cfg.buffer_len)):
                 continue
+            if (name, tree.label, B) in done:
+                continue
             row = measure(name, tree, B, shape, cfg, gen, device)
             for part in ("verify", "commit"):
                 row[f"{part}_bandwidth"] = row[f"{part}_bytes"] / row[f"{part}_s"] if row[f"{part}_s"] else None
                 row[f"{part}_fraction_of_copy"] = (row[f"{part}_bandwidth"] or 0) / copy_bw
             row["step_s_model"] = row["step_s"] * shape.num_layers
-            rows.append(row)
+            result["rows"].append(row)
+            console.print(f"    {name:9s} verify {1e6 * row['verify_s']:9.1f} us "
+                          f"({100 * row['verify_fraction_of_copy']:3.0f}% of copy), commit "
+                          f"{1e6 * row['commit_s']:8.1f} us ({100 * row['commit_fraction_of_copy']:3.0f}%)")
+        _save(out, result)   # a run cut short keeps what it measured; rerun the same command to resume
         console.print(f"  [{i}/{len(jobs)}] {tree.label} (N={tree.num_nodes}) batch {B}: "
                       f"elapsed {time.perf_counter() - started:.0f} s")
-    solve = solve_rows(shape, cfg, gen, device)
-    result = {"engine": "triton" if gpu else "triton-interpreter (smoke)", "device": where,
-              "copy_bandwidth": copy_bw, "num_layers": shape.num_layers,
-              "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
-                        "V": shape.value_head_dim},
-              "rows": rows, "solve": solve, "crossover_nodes": crossover(solve),
-              "triton": _triton_version(), "provenance": provenance()}
+    have = {r["nodes"] for r in result["solve"]}
+    for N in cfg.solve_nodes:
+        if int(N) not in have:
+            result["solve"].append(_solve_row(int(N), shape, cfg, gen, device))
+            _save(out, result)
+            console.print(f"  solve vs N: N={N} done")
+    result["crossover_nodes"] = crossover(result["solve"])
+    result["complete"] = True
     print_tables(console, result)
-    if cfg.out:
-        from omegaconf import OmegaConf
-
-        out = Path(str(cfg.out))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        result["config"] = OmegaConf.to_container(cfg, resolve=True)
-        out.write_text(json.dumps(result, indent=2))
+    if out is not None:
+        _save(out, result)
         console.print(f"wrote {out}")
         try:
             from reports.kernels import write_report
@@ -308,6 +323,33 @@ def run(cfg: DictConfig) -> int:
         else:
             console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
     return 0
+
+
+def _save(out: Path | None, result: dict[str, Any]) -> None:
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(out)
+
+
+def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str, str, int]]:
+    """Rows of an unfinished run of the same benchmark at ``out`` (same device, shapes and settings)."""
+    if out is None or not out.is_file():
+        return set()
+    try:
+        old = json.loads(out.read_text())
+    except ValueError:
+        return set()
+    same = ("device", "shape", "num_layers")
+    keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "buffer_len", "root", "repeats", "smoke")
+    if old.get("complete") or any(old.get(k) != result[k] for k in same) \
+            or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):
+        return set()
+    result["rows"], result["solve"] = old.get("rows", []), old.get("solve", [])
+    console.print(f"  resuming {out}: {len(result['rows'])} rows and {len(result['solve'])} solve points kept")
+    return {(r["strategy"], r["draft"], r["batch"]) for r in result["rows"]}
 
 
 def _triton_version() -> str:

@@ -225,3 +225,9 @@ class ReplayKernel(_Tiles, replay_mod.Replay):
 
 
 STRATEGIES = {"store_all": StoreAllKernel, "replay": ReplayKernel, "treewy": TreeWYKernel}
+
+
+def stream_copy(src: torch.Tensor, dst: torch.Tensor, block: int = 8192) -> None:
+    """Copy one contiguous buffer into another with a plain streaming Triton kernel."""
+    n = src.numel()
+    tk.stream_copy[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=8)
