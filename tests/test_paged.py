@@ -13,7 +13,7 @@ from conftest import rel_err
 H, HV, K, V = 2, 4, 16, 8
 
 
-def run_steps(strategy: str, num_spec: int, steps: int, buffer_len: int = 16, seed: int = 0):
+def run_steps(strategy: str, num_spec: int, steps: int, buffer_len: int = 16, seed: int = 0, backend="auto"):
     """P pages, R requests on pages 3, 5, 1, ...; each step every request verifies 1 + d tokens
     (d <= num_spec drafts, varying) with random acceptance. Returns worst output / state errors."""
     gen = torch.Generator().manual_seed(seed)
@@ -25,7 +25,7 @@ def run_steps(strategy: str, num_spec: int, steps: int, buffer_len: int = 16, se
     header = torch.randint(0, 9, (P, 4), dtype=torch.int32)
     truth = torch.randn(R, HV, K, V, generator=gen, dtype=torch.float64) * 0.3
     ssm[pages] = truth.float()                       # what prefill wrote
-    paged = PagedCommit(lay)
+    paged = PagedCommit(lay, backend=backend)
     paged.reset(header, pages)
     n_acc = torch.ones(R, dtype=torch.long)           # vLLM's value after prefill
     worst_o = worst_h = 0.0
@@ -62,6 +62,28 @@ def test_paged_steps_follow_the_literal_recurrence(strategy, num_spec):
     assert worst_o < 1e-4 and worst_h < 1e-4
     if strategy != "treewy":
         assert int(header[[3, 5, 1], 2].sum()) > 0  # the checkpoint was rewritten on the way
+
+
+@pytest.mark.parametrize("num_spec", [1, 3])
+def test_paged_treewy_on_the_triton_kernels(num_spec):
+    """The backend the plugin picks on a GPU (here in Triton's interpreter): same pages, same stash."""
+    from strategies import kernels
+
+    if not kernels.available():
+        pytest.skip("Triton not installed")
+    worst_o, worst_h, _ = run_steps("treewy", num_spec, steps=12, backend="triton")
+    assert worst_o < 1e-4 and worst_h < 1e-4
+
+
+def test_backend_choice():
+    lay = StashLayout("treewy", H, HV, K, V, num_spec=3)
+    auto = PagedCommit(lay)
+    auto._use(torch.device("cpu"))
+    assert type(auto.strategy).__name__ == "TreeWY"                   # CPU pages: auto keeps torch
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        PagedCommit(lay, backend="cuda")
+    with pytest.raises(ValueError, match="not replay"):
+        PagedCommit(StashLayout("replay", H, HV, K, V, num_spec=3), backend="triton")
 
 
 def test_layout_matches_the_memory_accounting():

@@ -95,6 +95,7 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
 def rebuild(h0, out, k, u, G, onpath, end, s: StepShape, tiles: _Tiles, cumsum: bool, store_all: bool) -> None:
     """Launch :func:`.triton_kernels.rebuild` over ``M = onpath.shape[1]`` tokens (see there)."""
     M = onpath.shape[1]
+    k, u, G = _c(k, u, G)   # stash views (a paged stash split into Ṽ, k, G) arrive strided
     tk.rebuild[tiles.grid(s)](
         h0, out, k, u, G, onpath.to(torch.int8).contiguous(), end.to(torch.int32).contiguous(), M,
         H=s.H, HV=s.HV, K=s.K, V=s.V, BM=tk.next_pow2(M), BK=tk.next_pow2(s.K), BV=tiles.bv(s),

@@ -34,6 +34,7 @@ from strategies.inputs import StepShape
 HEADER = 4
 STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
+BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,31 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 class PagedCommit:
     """Run one strategy's commit + verify over a batch of speculative rows of vLLM's pages."""
 
-    def __init__(self, layout: StashLayout):
+    def __init__(self, layout: StashLayout, backend: str = "auto"):
+        """``backend``: ``torch`` (the strategies' reference math), ``triton`` (strategies.kernels:
+        treewy only), or ``auto``: Triton for treewy on a CUDA device where Triton is installed."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)} "
+                             f"(the plugin reads it from COMMITBENCH_KERNELS)")
+        if backend == "triton" and layout.strategy != "treewy":
+            raise ValueError(f"backend=triton: kernels exist for treewy here, not {layout.strategy}; use auto or torch")
         self.layout = layout
+        self.backend = backend
         self.strategy = layout.strategy_obj
+        self._chosen = False
+
+    def _use(self, device: torch.device) -> None:
+        """Pick the implementation at the first step, once the pages' device is known."""
+        if self._chosen:
+            return
+        self._chosen = True
+        if self.layout.strategy != "treewy" or self.backend == "torch":
+            return
+        from strategies import kernels
+
+        if self.backend == "triton" or (device.type == "cuda" and kernels.available()):
+            # In place: commit rebuilds h_a over the gathered copy of the pages.
+            self.strategy = kernels.get("treewy", inplace=True)
 
     def reset(self, header: torch.Tensor, slots: torch.Tensor) -> None:
         """Prefill wrote these pages: nothing staged, no history (the page is the committed state)."""
@@ -140,6 +163,7 @@ class PagedCommit:
         n + 1 token offsets. Returns the outputs ``[T, HV, V]`` (float32) and, with
         ``probe``, each row's committed state ``[n, HV, K, V]`` (the one verified from).
         """
+        self._use(ssm.device)
         T = q.shape[0]
         o = q.new_empty(T, v.shape[1], v.shape[2], dtype=torch.float32)
         committed = ssm.new_empty(len(slots), *ssm.shape[1:], dtype=torch.float32) if probe else None

@@ -54,6 +54,9 @@ ENV_STRATEGY = "COMMITBENCH_STRATEGY"
 ENV_BUFFER_LEN = "COMMITBENCH_BUFFER_LEN"
 ENV_PROBE = "COMMITBENCH_PROBE_DIR"
 ENV_SHADOW = "COMMITBENCH_SHADOW"
+# auto (default): treewy's verify/commit on the Triton kernels where the pages are on CUDA; torch: the
+# strategies' reference math everywhere; triton: the kernels (treewy), also on CPU via the interpreter.
+ENV_KERNELS = "COMMITBENCH_KERNELS"
 ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
@@ -225,7 +228,8 @@ class _LayerState:
 
         layer = self.layer
         return PagedCommit(_stash_layout(name, self.buffer_len, layer.tp_size, layer.num_k_heads,
-                                         layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec))
+                                         layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec),
+                           backend=os.environ.get(ENV_KERNELS, "auto"))
 
     def caches(self):
         kv = self.layer.kv_cache
