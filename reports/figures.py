@@ -14,7 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-COLORS = {"store_all": "#444444", "replay": "#1f77b4", "treewy": "#d62728", "treewy_deferred": "#2ca02c"}
+COLORS = {"store_all": "#444444", "replay": "#1f77b4", "treewy": "#d62728", "treewy_deferred": "#2ca02c",
+          "treewy_fused": "#ff9896"}   # the last: kernel benchmark only (TreeWY's commit + verify in one kernel)
 
 
 def _ok(result):

@@ -93,11 +93,13 @@ def write_report(result: dict[str, Any], path: Path) -> Path:
     imgs = "".join(f'<figure><img alt="{e(t)}" src="data:image/png;base64,{_png(f)}"></figure>' for t, f in figs)
     for _, f in figs:
         plt.close(f)
-    head = ["draft", "N", "batch", "strategy", "verify µs", "commit µs", "verify %", "commit %", "spec. MiB/req"]
+    head = ["draft", "N", "batch", "strategy", "verify µs", "commit µs", "states moved", "verify %", "commit %",
+            "spec. MiB/req"]
     body = "".join(
         "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
             r["draft"], r["nodes"], r["batch"], r["strategy"], f"{1e6 * r['verify_s']:.1f}",
-            f"{1e6 * r['commit_s']:.1f}", f"{100 * r['verify_fraction_of_copy']:.0f}",
+            f"{1e6 * r['commit_s']:.1f}", f"{r.get('states_moved', float('nan')):.2f}",
+            f"{100 * r['verify_fraction_of_copy']:.0f}",
             f"{100 * r['commit_fraction_of_copy']:.0f}",
             f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")) + "</tr>"
         for r in result["rows"])

@@ -126,6 +126,53 @@ def test_bf16_inputs_within_bf16_tolerance(name):
     assert rel_err(committed, accepted_state(bf[0].float(), states_ref, accepted)) <= BF16_TOL
 
 
+def test_byte_model_at_the_35b_heads():
+    """States' worth of bytes per request and layer per step, at Qwen3.5-35B-A3B's heads (fp32 state,
+    bf16 inputs): store_all's verify writes one state per node; TreeWY moves h0 and h_a (plus h0 again
+    when commit and verify are separate kernels); the stashes and inputs add a few percent."""
+    from harness.bench.kernels import traffic
+    from strategies import GDNShape
+
+    shape = GDNShape(30, 16, 32, 128, 128)
+    S = shape.state_elems * 4
+    chain3 = DraftTree.chain(3, root=True)
+
+    def states(name, tree, **kw):
+        t = traffic(name, tree, shape, 4, 2, 1, **kw)
+        return (t["verify_bytes"] + t["commit_bytes"]) / S
+
+    assert 5.0 < states("store_all", chain3) < 5.1                           # h0 + 4 snapshots
+    assert 3.0 < states("treewy", chain3, path_nodes=3) < 3.2
+    assert 2.0 < states("treewy_fused", chain3, path_nodes=3) < 2.2
+    tree = DraftTree.from_widths((3, 3, 3), root=True)
+    assert 79 < states("store_all", tree) < 81                               # 40 written + 39 parents read back
+    assert states("treewy_fused", tree, path_nodes=4) < 3.1                  # 40 nodes' outputs and stash: ~1
+
+
+def test_treewy_fused_step_is_commit_then_verify():
+    """The engine's step in one kernel (commit the last draft into the state, verify the next from it)
+    over six steps whose draft shape changes, against the torch strategy's separate commit + verify."""
+    gen = torch.Generator().manual_seed(8)
+    trees = [DraftTree.chain(3, root=True), DraftTree.from_widths((2, 2), root=True), DraftTree.chain(1, root=True),
+             DraftTree.chain(7, root=True), DraftTree((-1, 0, 1, 0)), DraftTree.chain(3, root=True)]
+    kern, ref = kernels.get("treewy", block_v=16), strategies.get("treewy")
+    B = 4
+    state = step(trees[0], B=B)[0]
+    h = state.clone()
+    vk = kern.verify(h, *step(trees[0], B=B, seed=50)[1:], trees[0])
+    hr, vr = state.clone(), ref.verify(state, *step(trees[0], B=B, seed=50)[1:], trees[0])
+    for i, tree in enumerate(trees[1:], 1):
+        prev_n = trees[i - 1].num_nodes
+        accepted = torch.randint(-1, prev_n, (B,), generator=gen).to(DEV)
+        ins = step(tree, B=B, seed=50 + i)[1:]
+        vk = kern.step(h, vk, accepted, *ins, tree)
+        hr = ref.commit(hr, vr, accepted)
+        vr = ref.verify(hr, *ins, tree)
+        assert rel_err(h, hr) <= FP32_TOL and rel_err(vk.o, vr.o) <= FP32_TOL, f"step {i}"
+    with pytest.raises(ValueError, match="a verify of 4 requests"):
+        kern.step(h[:2].contiguous(), vk, accepted[:2], *[x[:2] for x in ins], tree)
+
+
 def test_treewy_commit_in_place_writes_the_given_state():
     tree = DraftTree.from_widths((2, 2), root=True)
     state, q, k, v, g, beta = step(tree, B=3, seed=2)
@@ -188,6 +235,9 @@ def test_bench_kernels_smoke_and_report(tmp_path):
     S = 2 * 16 * 32 * 4 * 2                          # HV*K*V*fp32, two requests
     assert sa["2,2+root"]["verify_bytes"] > 7 * S > tw["2,2+root"]["verify_bytes"]
     assert 2 * S <= tw["chain:3+root"]["commit_bytes"] < 3 * S
+    fused = {r["draft"]: r for r in res["rows"] if r["strategy"] == "treewy_fused" and r["batch"] == 2}
+    moved = [d["chain:3+root"]["states_moved"] for d in (fused, tw, sa)]
+    assert moved == sorted(moved)
     # A run cut short resumes: keep half the rows, drop the solve points, mark it unfinished.
     cut = dict(res, complete=False, rows=res["rows"][: len(res["rows"]) // 2], solve=[])
     out.write_text(json.dumps(cut))

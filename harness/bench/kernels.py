@@ -99,7 +99,8 @@ def traffic(name: str, tree: DraftTree, s: GDNShape, sb: int, ib: int, B: int, *
 
     sb/ib: state and input element bytes. Every verify reads h0, q, k, v, g, beta and writes the
     outputs (fp32). treewy's verify writes Ṽ, G (fp32) and k; its commit reads h0 and the accepted
-    path's stash (``path_nodes`` nodes on average) and writes h_a. store_all's verify writes N
+    path's stash (``path_nodes`` nodes on average) and writes h_a. treewy_fused (the engine's step:
+    commit the last draft, verify the next, one kernel) reads h0 once and writes h_a once. store_all's verify writes N
     snapshots and, for a branching tree, reads each non-root-level node's parent snapshot back; its
     commit moves an index. replay's verify reads the checkpoint and ``ring_tokens`` buffered tokens'
     (u, k, g) and writes u; its commit is counted where it is timed (append and flush).
@@ -109,9 +110,13 @@ def traffic(name: str, tree: DraftTree, s: GDNShape, sb: int, ib: int, B: int, *
     ins = N * (2 * H * K + HV * V + 2 * HV) * ib
     outs = N * HV * V * 4
     tok = HV * V * sb + H * K * sb + HV * sb       # one ring or stash token (u or Ṽ, k, g or G)
+    stash = HV * V * 4 + HV * 4 + H * K * ib       # one node's Ṽ, G and k
     if name == "treewy":
-        verify = S + ins + outs + N * (HV * V * 4 + HV * 4 + H * K * ib)
-        commit = 2 * S + path_nodes * (HV * V * 4 + HV * 4 + H * K * ib)
+        verify = S + ins + outs + N * stash
+        commit = 2 * S + path_nodes * stash
+    elif name == "treewy_fused":                   # commit + verify in one kernel: h0 read once, h_a written once
+        verify = 2 * S + path_nodes * stash + ins + outs + N * stash
+        commit = 0
     elif name == "store_all":
         parents_read = sum(1 for p in tree.parents if p >= 0) if tree.parents != tuple(range(-1, N - 1)) else 0
         verify = S + ins + outs + N * S + parents_read * S
@@ -155,6 +160,14 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
         row["verify_s"] = gpu_seconds(lambda: strat.verify(state, q, k, v, g, beta, tree), w, r)
         row["commit_s"] = gpu_seconds(lambda: strat._commit(state, ver, accepted), w, r)  # no host-side checks
         bytes_ = traffic(name, tree, shape, sb, ib, B, path_nodes=path_nodes)
+    elif name == "treewy_fused":
+        strat = kernels.get("treewy", **tiles)
+        ver = strat.verify(state, q, k, v, g, beta, tree)
+        s = ver.shape
+        row["verify_s"] = gpu_seconds(lambda: strat._step(state, ver, accepted, q, k, v, g, beta, tree, s,
+                                                          shape.key_head_dim ** -0.5), w, r)
+        row["commit_s"] = 0.0
+        bytes_ = traffic(name, tree, shape, sb, ib, B, path_nodes=path_nodes)
     elif name == "store_all":
         strat = kernels.get("store_all", **tiles)
         carry = strat.commit(strat.start(state), strat.verify(strat.start(state), q, k, v, g, beta, tree), accepted)
@@ -196,8 +209,10 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
         bytes_["commit_bytes"] = B * (2 * appended * tok * sb + f * (2 * S + float(ring.float().mean()) * tok * sb))
     row.update(bytes_)
     row["step_s"] = row["verify_s"] + row["commit_s"]
-    mem = kernels.get(name, **({"buffer_len": int(cfg.buffer_len)} if name == "replay" else {})).memory(
-        shape, tree, state_dtype=cfg.state_dtype)
+    # The issue's yardstick: full states' worth of bytes per request and layer, verify + commit.
+    row["states_moved"] = (row["verify_bytes"] + row["commit_bytes"]) / (B * shape.state_elems * sb)
+    opts = {"buffer_len": int(cfg.buffer_len)} if name == "replay" else {}
+    mem = kernels.get(name.removesuffix("_fused"), **opts).memory(shape, tree, state_dtype=cfg.state_dtype)
     row["speculative_bytes_per_request"] = mem.speculative_bytes
     return row
 
@@ -287,7 +302,7 @@ def run(cfg: DictConfig) -> int:
     jobs = [(parse_draft(d, root=bool(cfg.root)), int(B)) for d in cfg.drafts for B in cfg.batches]
     started = time.perf_counter()
     for i, (tree, B) in enumerate(jobs, 1):
-        for name in kernels.NAMES:
+        for name in (*kernels.NAMES, "treewy_fused"):
             if name == "replay" and (not tree.is_chain or tree.num_nodes > int(cfg.buffer_len)):
                 continue
             if (name, tree.label, B) in done:
@@ -365,11 +380,11 @@ def print_tables(console, result: dict[str, Any]) -> None:
     t = make_table(f"per layer and step ({result['device']}); whole model = x {L} GDN layers; "
                    f"% = achieved / copy bandwidth ({result['copy_bandwidth'] / 1e9:,.0f} GB/s)",
                    ["draft", "batch", "strategy", "verify us", "commit us", "step us", f"x{L} ms",
-                    "verify MB", "commit MB", "verify %", "commit %", "spec. MiB/req"], left=3)
+                    "states moved", "verify %", "commit %", "spec. MiB/req"], left=3)
     for r in result["rows"]:
         t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["strategy"],
                   f"{1e6 * r['verify_s']:.1f}", f"{1e6 * r['commit_s']:.1f}", f"{1e6 * r['step_s']:.1f}",
-                  f"{1e3 * r['step_s_model']:.2f}", f"{r['verify_bytes'] / 1e6:.1f}", f"{r['commit_bytes'] / 1e6:.2f}",
+                  f"{1e3 * r['step_s_model']:.2f}", f"{r['states_moved']:.2f}",
                   f"{100 * r['verify_fraction_of_copy']:.0f}", f"{100 * r['commit_fraction_of_copy']:.0f}",
                   f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")
     console.print(t)

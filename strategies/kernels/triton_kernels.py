@@ -76,6 +76,76 @@ def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
 
 
 @triton.jit
+def treewy_step(h, pk, pvt, pG, panc, acc, Np, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BNP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """One engine step fused: commit the previous verify, then verify the new draft from the result.
+
+    Reads h0 ``h[b]`` once and writes ``h_a`` over it once (rows with ``acc[b] = -1`` are left as they
+    are): two states' worth of bytes per request and layer, plus the stashes. The previous stash
+    pk ``[B, Np, H, K]``, pvt ``[B, Np, HV, V]``, pG ``[B, Np, HV]`` with inclusive ancestor mask panc
+    ``[Np, Np]``; the new one goes to kst/vt/Gout, which must not alias it (other programs still read it).
+    """
+    i_bh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    hk = hv // (HV // H)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < K
+    mv = ov < V
+    m2 = mk[:, None] & mv[None, :]
+    tile = (i_bh * K + ok[:, None]) * V + ov[None, :]
+    hh = tl.load(h + tile, mask=m2, other=0.).to(tl.float32)
+    # -- commit: h_a = e^{G_a} h0 + Σ_{i ⪯ a} e^{G_a - G_i} k_i ⊗ ṽ_i over the previous tree --------
+    op = tl.arange(0, BNP)
+    a = tl.load(acc + b)
+    path = (tl.load(panc + a * Np + op, mask=(op < Np) & ((op * 0 + a) >= 0), other=0) != 0)
+    gp = tl.load(pG + (b * Np + op) * HV + hv, mask=path, other=0.).to(tl.float32)
+    Ga = tl.sum(tl.where(op == a, gp, 0.), axis=0)
+    w = tl.where(path, tl.exp(Ga - tl.where(path, gp, 0.)), 0.)
+    kp = tl.load(pk + ((b * Np + op[:, None]) * H + hk) * K + ok[None, :],
+                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
+    up = tl.load(pvt + ((b * Np + op[:, None]) * HV + hv) * V + ov[None, :],
+                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
+    hh = tl.exp(Ga) * hh + tl.dot(tl.trans(kp * w[:, None]), up, input_precision="ieee")
+    tl.store(h + tile, hh.to(h.dtype.element_ty), mask=m2 & ((ok * 0 + a) >= 0)[:, None])
+    # -- verify the new draft from h_a (as treewy_verify) ---------------------------------------------
+    on = tl.arange(0, BN)
+    mn = on < N
+    row = b * N + on
+    ancm = tl.load(anc + on[:, None] * N + on[None, :], mask=mn[:, None] & mn[None, :], other=0) != 0
+    strict = ancm & (on[:, None] != on[None, :])
+    mnk = mn[:, None] & mk[None, :]
+    mnv = mn[:, None] & mv[None, :]
+    kk = tl.load(k + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
+    qq = tl.load(q + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
+    vv = tl.load(v + (row[:, None] * HV + hv) * V + ov[None, :], mask=mnv, other=0.).to(tl.float32)
+    gg = tl.load(g + row * HV + hv, mask=mn, other=0.).to(tl.float32)
+    bb = tl.load(beta + row * HV + hv, mask=mn, other=0.).to(tl.float32)
+    G = tl.sum(tl.where(ancm, gg[None, :], 0.), axis=1)
+    dec = tl.where(ancm, tl.exp(tl.where(ancm, G[:, None] - G[None, :], 0.)), 0.)
+    A = bb[:, None] * tl.where(strict, dec, 0.) * tl.dot(kk, tl.trans(kk), input_precision="ieee")
+    eG = tl.exp(G)
+    R = bb[:, None] * (vv - eG[:, None] * tl.dot(kk, hh, input_precision="ieee"))
+    x = tl.zeros([BN, BV], dtype=tl.float32)
+    for t in range(N):
+        sel = on[:, None] == t
+        a_t = tl.sum(tl.where(sel, A, 0.), axis=0)
+        r_t = tl.sum(tl.where(sel, R, 0.), axis=0)
+        x = tl.where(sel, (r_t - tl.sum(a_t[:, None] * x, axis=0))[None, :], x)
+    W = dec * tl.dot(qq, tl.trans(kk), input_precision="ieee")
+    out = scale * (eG[:, None] * tl.dot(qq, hh, input_precision="ieee") + tl.dot(W, x, input_precision="ieee"))
+    tl.store(o + (row[:, None] * HV + hv) * V + ov[None, :], out, mask=mnv)
+    tl.store(vt + (row[:, None] * HV + hv) * V + ov[None, :], x, mask=mnv)
+    if i_v == 0:
+        tl.store(Gout + row * HV + hv, G, mask=mn)
+        if hv % (HV // H) == 0:
+            tl.store(kst + (row[:, None] * H + hk) * K + ok[None, :], kk.to(kst.dtype.element_ty), mask=mnk)
+
+
+@triton.jit
 def rebuild(h0, out, k, u, G, onpath, end, M,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
             BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
