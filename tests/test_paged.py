@@ -20,7 +20,8 @@ def run_steps(strategy: str, num_spec: int, steps: int, buffer_len: int = 16, se
     lay = StashLayout(strategy, H, HV, K, V, num_spec, buffer_len)
     P, pages = 8, torch.tensor([3, 5, 1])
     R = len(pages)
-    ssm = torch.zeros(P, HV, K, V, dtype=torch.float32)
+    # vLLM's pages are V-major [P, HV, V, K]; the adapter sees them as [P, HV, K, V] (a strided view).
+    ssm = torch.zeros(P, HV, V, K, dtype=torch.float32).transpose(-1, -2)
     stash = torch.full((P, *lay.shapes()[0]), float("nan"))  # garbage a previous occupant left
     header = torch.randint(0, 9, (P, 4), dtype=torch.int32)
     truth = torch.randn(R, HV, K, V, generator=gen, dtype=torch.float64) * 0.3

@@ -95,8 +95,8 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
     def step(self, state: torch.Tensor, prev: Verified, accepted: torch.Tensor, q, k, v, g, beta,
              tree: DraftTree, scale: float | None = None) -> Verified:
         """What an engine does each step, in one kernel: ``commit(state, prev, accepted)`` written into
-        ``state`` (in place, whatever ``inplace`` says), then ``verify`` of the new draft from it.
-        Reads and writes each request's state once. Returns the new draft's Verified."""
+        ``state`` (in place, whatever ``inplace`` says; any strides), then ``verify`` of the new draft
+        from it. Reads and writes each request's state once. Returns the new draft's Verified."""
         from ..inputs import check_accepted, check_step
 
         s = check_step(state, q, k, v, g, beta, tree, same_dtype=False)
@@ -106,9 +106,12 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         acc = check_accepted(accepted, s.B, prev.shape.N).to(state.device)
         return self._step(state, prev, acc, q, k, v, g, beta, tree, s, s.K ** -0.5 if scale is None else scale)
 
-    def _step(self, state, prev: Verified, acc, q, k, v, g, beta, tree, s: StepShape, scale: float) -> Verified:
-        if not state.is_contiguous():
-            raise ValueError("state: step writes h_a in place, so it must be contiguous")
+    def _step(self, state, prev: Verified, acc, q, k, v, g, beta, tree, s: StepShape, scale: float,
+              pages: torch.Tensor | None = None) -> Verified:
+        """``state``: ``[B, HV, K, V]``, or with ``pages [B]`` a pool ``[P, HV, K, V]`` of any strides
+        (vLLM's V-major pages viewed as K-major), updated in place at those pages."""
+        if pages is None:
+            pages = torch.arange(s.B, dtype=torch.int32, device=state.device)
         anc, _, _ = _tree_meta(tree, str(state.device))
         panc, _, _ = _tree_meta(prev.tree, str(state.device))
         q, k, v, g, beta = _c(q, k, v, g, beta)
@@ -118,7 +121,8 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         G = torch.empty(s.B, s.N, s.HV, dtype=torch.float32, device=state.device)
         kst = torch.empty_like(k)
         tk.treewy_step[self.grid(s)](
-            state, pk, pvt, pG, panc, acc.to(torch.int32), prev.shape.N, q, k, v, g, beta, anc, o, vt, G, kst,
+            state, pages.to(torch.int32), *state.stride(), pk, pvt, pG, panc, acc.to(torch.int32), prev.shape.N,
+            q, k, v, g, beta, anc, o, vt, G, kst,
             scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V, BNP=tk.next_pow2(prev.shape.N), BN=tk.next_pow2(s.N),
             BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps)
         return Verified(o.to(q.dtype), tree, s, {"v_tilde": vt, "k": kst, "G": G})

@@ -76,14 +76,16 @@ def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
 
 
 @triton.jit
-def treewy_step(h, pk, pvt, pG, panc, acc, Np, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
-                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, panc, acc, Np, q, k, v, g, beta, anc, o, vt, Gout,
+                kst, scale, N, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BNP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """One engine step fused: commit the previous verify, then verify the new draft from the result.
 
-    Reads h0 ``h[b]`` once and writes ``h_a`` over it once (rows with ``acc[b] = -1`` are left as they
-    are): two states' worth of bytes per request and layer, plus the stashes. The previous stash
-    pk ``[B, Np, H, K]``, pvt ``[B, Np, HV, V]``, pG ``[B, Np, HV]`` with inclusive ancestor mask panc
+    Request b's state is ``h[pages[b]]``, element (hv, k, v) at ``hv·s_h + k·s_k + v·s_v`` from the
+    page (strides in elements: vLLM's pages are V-major, read here as [HV, K, V] without a copy).
+    Reads h0 once and writes ``h_a`` over it once (rows with ``acc[b] = -1`` are left as they are): two
+    states' worth of bytes per request and layer, plus the stashes. The previous stash pk
+    ``[B, Np, H, K]``, pvt ``[B, Np, HV, V]``, pG ``[B, Np, HV]`` with inclusive ancestor mask panc
     ``[Np, Np]``; the new one goes to kst/vt/Gout, which must not alias it (other programs still read it).
     """
     i_bh = tl.program_id(0)
@@ -96,7 +98,8 @@ def treewy_step(h, pk, pvt, pG, panc, acc, Np, q, k, v, g, beta, anc, o, vt, Gou
     mk = ok < K
     mv = ov < V
     m2 = mk[:, None] & mv[None, :]
-    tile = (i_bh * K + ok[:, None]) * V + ov[None, :]
+    page = tl.load(pages + b).to(tl.int64)
+    tile = page * s_p + hv * s_h + ok[:, None] * s_k + ov[None, :] * s_v
     hh = tl.load(h + tile, mask=m2, other=0.).to(tl.float32)
     # -- commit: h_a = e^{G_a} h0 + Σ_{i ⪯ a} e^{G_a - G_i} k_i ⊗ ṽ_i over the previous tree --------
     op = tl.arange(0, BNP)

@@ -129,6 +129,7 @@ class PagedCommit:
         self.layout = layout
         self.backend = backend
         self.strategy = layout.strategy_obj
+        self.fused = False      # treewy on the Triton kernels: commit + verify as one step on the pages
         self._chosen = False
 
     def _use(self, device: torch.device) -> None:
@@ -141,8 +142,8 @@ class PagedCommit:
         from strategies import kernels
 
         if self.backend == "triton" or (device.type == "cuda" and kernels.available()):
-            # In place: commit rebuilds h_a over the gathered copy of the pages.
-            self.strategy = kernels.get("treewy", inplace=True)
+            self.strategy = kernels.get("treewy")
+            self.fused = True
 
     def reset(self, header: torch.Tensor, slots: torch.Tensor) -> None:
         """Prefill wrote these pages: nothing staged, no history (the page is the committed state)."""
@@ -183,24 +184,34 @@ class PagedCommit:
 
             qkvgb = [x[tok].reshape(B, n_tok, *x.shape[1:]) for x in (q, k, v, g, beta)]
             h = self._group(ssm, stash, header, pages, num_accepted[rows_t].long(), *qkvgb,
-                            DraftTree.chain(n_tok - 1, root=True), scale)
+                            DraftTree.chain(n_tok - 1, root=True), scale, probe)
             o[tok] = h[0].reshape(B * n_tok, *o.shape[1:])
             if probe:
                 committed[rows_t] = h[1]
         return o, committed
 
-    def _group(self, ssm, stash, header, pages, n_acc, q, k, v, g, beta, tree, scale):
+    def _group(self, ssm, stash, header, pages, n_acc, q, k, v, g, beta, tree, scale, probe=False):
         lay = self.layout
-        h0 = ssm[pages].float()
         hd = header[pages]
         st = stash[pages]
         staged = hd[:, STAGED].long()
         # Nothing staged (fresh from prefill): the page is already the committed state.
         accepted = torch.where(staged > 0, (n_acc - 1).clamp(min=0), -1)
         accepted = torch.minimum(accepted, staged - 1)
-        B, N = h0.shape[0], lay.nodes
+        B, N = len(pages), lay.nodes
         shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
         prev_tree = DraftTree.chain(lay.num_spec, root=True)
+        if self.fused:
+            # One kernel on vLLM's own pages: commit into them, verify from the result; no gather/scatter.
+            vt, kk, G = lay.split(st[:, :N])
+            prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
+            now = StepShape(B, tree.num_nodes, shape.H, shape.HV, shape.K, shape.V)
+            ver = self.strategy._step(ssm, prev, accepted, q, k, v, g, beta, tree, now,
+                                      shape.K ** -0.5 if scale is None else scale, pages=pages)
+            stash[pages, : tree.num_nodes] = lay.join(ver.stash["v_tilde"], ver.stash["k"], ver.stash["G"])
+            header[pages, STAGED] = tree.num_nodes
+            return ver.o, (ssm[pages].float() if probe else None)
+        h0 = ssm[pages].float()
         if lay.strategy == "treewy":
             vt, kk, G = lay.split(st[:, :N])
             prev = Verified(h0.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
