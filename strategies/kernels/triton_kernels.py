@@ -14,27 +14,13 @@ import triton.language as tl
 
 
 @triton.jit
-def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
-                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
-    """Outputs and pseudo-values of every node from ``h0`` (read once, never written).
-
-    anc ``[N, N]`` int8: inclusive ancestor mask (``anc[t, i]``: i is on t's path). Writes o and
-    vt (``Ṽ``) ``[B, N, HV, V]`` float32, Gout ``[B, N, HV]`` float32 (cumulative log decay), and
-    kst ``[B, N, H, K]`` (the keys, kept for commit; written by one program per key head).
-    ``SOLVE=False`` skips the triangular solve (``Ṽ = R``): the benchmark's measure of its cost.
-    """
-    i_bh = tl.program_id(0)
-    i_v = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
-    hk = hv // (HV // H)
+def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BN: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
+    """TreeWY's verify of one value tile from the state tile ``hh [BK, BV]`` (float32, in registers):
+    the outputs, Ṽ, G and k of every node (see :func:`treewy_verify`)."""
     on = tl.arange(0, BN)
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
     mn = on < N
-    mk = ok < K
-    mv = ov < V
     row = b * N + on
     ancm = tl.load(anc + on[:, None] * N + on[None, :], mask=mn[:, None] & mn[None, :], other=0) != 0
     strict = ancm & (on[:, None] != on[None, :])
@@ -45,8 +31,6 @@ def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
     vv = tl.load(v + (row[:, None] * HV + hv) * V + ov[None, :], mask=mnv, other=0.).to(tl.float32)
     gg = tl.load(g + row * HV + hv, mask=mn, other=0.).to(tl.float32)
     bb = tl.load(beta + row * HV + hv, mask=mn, other=0.).to(tl.float32)
-    hh = tl.load(h0 + (i_bh * K + ok[:, None]) * V + ov[None, :],
-                 mask=mk[:, None] & mv[None, :], other=0.).to(tl.float32)
 
     G = tl.sum(tl.where(ancm, gg[None, :], 0.), axis=1)                 # [BN] cumulative log decay
     # Zero the exponent off the ancestor pattern first: e^{G_t - G_i} can overflow there.
@@ -73,6 +57,32 @@ def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
         tl.store(Gout + row * HV + hv, G, mask=mn)
         if hv % (HV // H) == 0:
             tl.store(kst + (row[:, None] * H + hk) * K + ok[None, :], kk.to(kst.dtype.element_ty), mask=mnk)
+
+
+@triton.jit
+def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
+    """Outputs and pseudo-values of every node from ``h0`` (read once, never written).
+
+    anc ``[N, N]`` int8: inclusive ancestor mask (``anc[t, i]``: i is on t's path). Writes o and
+    vt (``Ṽ``) ``[B, N, HV, V]`` float32, Gout ``[B, N, HV]`` float32 (cumulative log decay), and
+    kst ``[B, N, H, K]`` (the keys, kept for commit; written by one program per key head).
+    ``SOLVE=False`` skips the triangular solve (``Ṽ = R``): the benchmark's measure of its cost.
+    """
+    i_bh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    hk = hv // (HV // H)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < K
+    mv = ov < V
+    hh = tl.load(h0 + (i_bh * K + ok[:, None]) * V + ov[None, :],
+                 mask=mk[:, None] & mv[None, :], other=0.).to(tl.float32)
+    _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
+                 H, HV, K, V, BN, BV, SOLVE)
 
 
 @triton.jit
@@ -114,38 +124,9 @@ def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, panc, acc, Np, q, k, 
                  mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
     hh = tl.exp(Ga) * hh + tl.dot(tl.trans(kp * w[:, None]), up, input_precision="ieee")
     tl.store(h + tile, hh.to(h.dtype.element_ty), mask=m2 & ((ok * 0 + a) >= 0)[:, None])
-    # -- verify the new draft from h_a (as treewy_verify) ---------------------------------------------
-    on = tl.arange(0, BN)
-    mn = on < N
-    row = b * N + on
-    ancm = tl.load(anc + on[:, None] * N + on[None, :], mask=mn[:, None] & mn[None, :], other=0) != 0
-    strict = ancm & (on[:, None] != on[None, :])
-    mnk = mn[:, None] & mk[None, :]
-    mnv = mn[:, None] & mv[None, :]
-    kk = tl.load(k + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
-    qq = tl.load(q + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
-    vv = tl.load(v + (row[:, None] * HV + hv) * V + ov[None, :], mask=mnv, other=0.).to(tl.float32)
-    gg = tl.load(g + row * HV + hv, mask=mn, other=0.).to(tl.float32)
-    bb = tl.load(beta + row * HV + hv, mask=mn, other=0.).to(tl.float32)
-    G = tl.sum(tl.where(ancm, gg[None, :], 0.), axis=1)
-    dec = tl.where(ancm, tl.exp(tl.where(ancm, G[:, None] - G[None, :], 0.)), 0.)
-    A = bb[:, None] * tl.where(strict, dec, 0.) * tl.dot(kk, tl.trans(kk), input_precision="ieee")
-    eG = tl.exp(G)
-    R = bb[:, None] * (vv - eG[:, None] * tl.dot(kk, hh, input_precision="ieee"))
-    x = tl.zeros([BN, BV], dtype=tl.float32)
-    for t in range(N):
-        sel = on[:, None] == t
-        a_t = tl.sum(tl.where(sel, A, 0.), axis=0)
-        r_t = tl.sum(tl.where(sel, R, 0.), axis=0)
-        x = tl.where(sel, (r_t - tl.sum(a_t[:, None] * x, axis=0))[None, :], x)
-    W = dec * tl.dot(qq, tl.trans(kk), input_precision="ieee")
-    out = scale * (eG[:, None] * tl.dot(qq, hh, input_precision="ieee") + tl.dot(W, x, input_precision="ieee"))
-    tl.store(o + (row[:, None] * HV + hv) * V + ov[None, :], out, mask=mnv)
-    tl.store(vt + (row[:, None] * HV + hv) * V + ov[None, :], x, mask=mnv)
-    if i_v == 0:
-        tl.store(Gout + row * HV + hv, G, mask=mn)
-        if hv % (HV // H) == 0:
-            tl.store(kst + (row[:, None] * H + hk) * K + ok[None, :], kk.to(kst.dtype.element_ty), mask=mnk)
+    # -- verify the new draft from h_a ----------------------------------------------------------------
+    _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
+                 H, HV, K, V, BN, BV, True)
 
 
 @triton.jit
