@@ -34,18 +34,21 @@ STATE_TOL_SAME_INPUTS = 1e-5          # fp32 kernels on identical inputs
 OUT_TOL_SAME_INPUTS = 8e-3            # vLLM's outputs are bf16: one rounding step is 2^-8
 STATE_TOL_BF16 = 5e-2                 # separate runs: bf16 activations between layers differ by rounding
 OTHERS = ("treewy", "replay", "treewy_deferred")
+# treewy through the plugin's Triton path (the fused step on vLLM's pages; here in Triton's interpreter,
+# which tests/conftest.py switched on for this process and its children): what runs on a GPU.
+SEPARATE = (*OTHERS, "treewy+triton")
 
 pytestmark = requires_vllm
 
 
-def _run(tmp: Path, name: str, *extra: str) -> dict:
+def _run(tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> dict:
     out = tmp / f"{name}.json"
     cmd = [sys.executable, "-m", "harness.engines.vllm.offline", "--model-dir", str(tmp / "model"),
            "--num-spec", str(K_SPEC), "--acceptance-rates", RATES, "--load-format", "commitbench_random",
            "--max-model-len", str(MAX_LEN), "--max-num-seqs", str(PROMPTS), "--kv-cache-bytes", str(KV_BYTES),
            "--eager", "--prompts", str(PROMPTS), "--prompt-len", str(PROMPT_LEN), "--output-len", str(OUTPUT_LEN),
            "--tokens", "--probe-dir", str(tmp / f"probe-{name}"), "--out", str(out), *extra]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2", **(env or {})}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, f"{name}: vLLM run failed\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     result = json.loads(out.read_text())
@@ -63,6 +66,7 @@ def runs(tmp_path_factory):
                              "--logprobs", "2")}
     for name in OTHERS:
         res[name] = _run(tmp, name, "--strategy", name)
+    res["treewy+triton"] = _run(tmp, "treewy-triton", "--strategy", "treewy", env={"COMMITBENCH_KERNELS": "triton"})
     res["spec"] = spec
     return res
 
@@ -83,7 +87,7 @@ def test_shadows_match_vllm_on_the_same_inputs(runs):
         assert worst_out <= OUT_TOL_SAME_INPUTS
 
 
-@pytest.mark.parametrize("name", OTHERS)
+@pytest.mark.parametrize("name", SEPARATE)
 def test_same_acceptance_and_states_in_separate_runs(runs, name):
     """Separate engines, each with its own memory layout: identical accepted positions, layer-0
     committed states to fp32 precision and deeper layers to bf16 tolerance until tokens diverge."""
@@ -106,7 +110,7 @@ def test_same_acceptance_and_states_in_separate_runs(runs, name):
         assert err <= tol, f"{name}: {a['layer']} step {a['step']}: committed state rel. err {err:.2e}"
 
 
-@pytest.mark.parametrize("name", OTHERS)
+@pytest.mark.parametrize("name", SEPARATE)
 def test_tokens_agree_or_diverge_at_a_near_tie(runs, name):
     """Token agreement is reported; a request's first divergence must be a near-tie: of the target
     (its top-2 logprob margin < 1 nat and the other run took the runner-up) or, on an accepted
