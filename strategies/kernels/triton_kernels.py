@@ -14,6 +14,26 @@ import triton.language as tl
 
 
 @triton.jit
+def _rebuild_tile(hh, k, u, G, path, e, b, hv, hk, om, ok, ov, mk, mv, M,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CUMSUM: tl.constexpr):
+    """``e^{G_e} hh + Σ_{i on path} e^{G_e - G_i} k_i ⊗ u_i`` for one state tile ``hh [BK, BV]``.
+
+    Tokens ``om`` of request b in k ``[B, M, H, K]``, u ``[B, M, HV, V]``, G ``[B, M, HV]`` (cumulative
+    log decays, or per-token ones summed here along a prefix path when ``CUMSUM``); e: the path's end.
+    Off-path tokens are never read."""
+    gl = tl.load(G + (b * M + om) * HV + hv, mask=path, other=0.).to(tl.float32)
+    if CUMSUM:
+        gl = tl.cumsum(gl, axis=0)
+    Ge = tl.sum(tl.where(om == e, gl, 0.), axis=0)
+    w = tl.where(path, tl.exp(Ge - tl.where(path, gl, 0.)), 0.)
+    kk = tl.load(k + ((b * M + om[:, None]) * H + hk) * K + ok[None, :],
+                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
+    uu = tl.load(u + ((b * M + om[:, None]) * HV + hv) * V + ov[None, :],
+                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
+    return tl.exp(Ge) * hh + tl.dot(tl.trans(kk * w[:, None]), uu, input_precision="ieee")
+
+
+@triton.jit
 def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BN: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
@@ -115,14 +135,7 @@ def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, panc, acc, Np, q, k, 
     op = tl.arange(0, BNP)
     a = tl.load(acc + b)
     path = (tl.load(panc + a * Np + op, mask=(op < Np) & ((op * 0 + a) >= 0), other=0) != 0)
-    gp = tl.load(pG + (b * Np + op) * HV + hv, mask=path, other=0.).to(tl.float32)
-    Ga = tl.sum(tl.where(op == a, gp, 0.), axis=0)
-    w = tl.where(path, tl.exp(Ga - tl.where(path, gp, 0.)), 0.)
-    kp = tl.load(pk + ((b * Np + op[:, None]) * H + hk) * K + ok[None, :],
-                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
-    up = tl.load(pvt + ((b * Np + op[:, None]) * HV + hv) * V + ov[None, :],
-                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
-    hh = tl.exp(Ga) * hh + tl.dot(tl.trans(kp * w[:, None]), up, input_precision="ieee")
+    hh = _rebuild_tile(hh, pk, pvt, pG, path, a, b, hv, hk, op, ok, ov, mk, mv, Np, H, HV, K, V, False)
     tl.store(h + tile, hh.to(h.dtype.element_ty), mask=m2 & ((ok * 0 + a) >= 0)[:, None])
     # -- verify the new draft from h_a ----------------------------------------------------------------
     _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
@@ -156,21 +169,12 @@ def rebuild(h0, out, k, u, G, onpath, end, M,
     # Scalar conditions enter masks as vectors (Triton's interpreter rejects bool-tensor & bool-scalar).
     has_k = (ok * 0 + e) >= 0
     path = (tl.load(onpath + b * M + om, mask=om < M, other=0) != 0) & ((om * 0 + e) >= 0)
-    gl = tl.load(G + (b * M + om) * HV + hv, mask=path, other=0.).to(tl.float32)
-    if CUMSUM:
-        gl = tl.cumsum(gl, axis=0)
-    Ge = tl.sum(tl.where(om == e, gl, 0.), axis=0)
-    w = tl.where(path, tl.exp(Ge - tl.where(path, gl, 0.)), 0.)
-    kk = tl.load(k + ((b * M + om[:, None]) * H + hk) * K + ok[None, :],
-                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
-    uu = tl.load(u + ((b * M + om[:, None]) * HV + hv) * V + ov[None, :],
-                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
     m2 = mk[:, None] & mv[None, :]
     if not STORE_ALL:
         m2 = m2 & has_k[:, None]
     tile = (i_bh * K + ok[:, None]) * V + ov[None, :]
     hh = tl.load(h0 + tile, mask=m2, other=0.).to(tl.float32)
-    hn = tl.exp(Ge) * hh + tl.dot(tl.trans(kk * w[:, None]), uu, input_precision="ieee")
+    hn = _rebuild_tile(hh, k, u, G, path, e, b, hv, hk, om, ok, ov, mk, mv, M, H, HV, K, V, CUMSUM)
     tl.store(out + tile, hn.to(out.dtype.element_ty), mask=m2)
 
 
@@ -249,16 +253,8 @@ def replay_verify(ckpt, ru, rk, rg, length, L, q, k, v, g, beta, o, ust, scale, 
     mv = ov < V
     m2 = mk[:, None] & mv[None, :]
     n = tl.load(length + b)
-    path = ol < n
-    gl = tl.cumsum(tl.load(rg + (b * L + ol) * HV + hv, mask=path, other=0.).to(tl.float32), axis=0)
-    Ge = tl.sum(tl.where(ol == n - 1, gl, 0.), axis=0)
-    w = tl.where(path, tl.exp(Ge - tl.where(path, gl, 0.)), 0.)
-    kk = tl.load(rk + ((b * L + ol[:, None]) * H + hk) * K + ok[None, :],
-                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
-    uu = tl.load(ru + ((b * L + ol[:, None]) * HV + hv) * V + ov[None, :],
-                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
     h = tl.load(ckpt + (i_bh * K + ok[:, None]) * V + ov[None, :], mask=m2, other=0.).to(tl.float32)
-    h = tl.exp(Ge) * h + tl.dot(tl.trans(kk * w[:, None]), uu, input_precision="ieee")
+    h = _rebuild_tile(h, rk, ru, rg, ol < n, n - 1, b, hv, hk, ol, ok, ov, mk, mv, L, H, HV, K, V, True)
     for t in range(N):
         r = b * N + t
         kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
