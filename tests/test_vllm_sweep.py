@@ -93,6 +93,8 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
         assert t["num_blocks"] > 0 and t["kv_cache_tokens"] > 0 and t["metrics_samples"] >= 1
         assert "load_format=dummy" in t["weights"] and t["acceptance"].startswith("synthetic")
         assert t["prefix_caching"].startswith("off") and "--no-enable-prefix-caching" in t["server"]["argv"]
+        assert t["server"]["gdn_commit"] == ("vLLM's own kernel (store_all)" if s["config"]["strategy"] == "store_all"
+                                             else "torch reference (strategies)")   # CPU: auto keeps torch
         # Synthetic acceptance 0.90/0.75/0.59 has mean length 3.24; a few hundred tokens land near it.
         assert 2.7 < m["acceptance_length"] < 3.8
         assert t["warmup"]["requests"] == 2 and t["warmup"]["errors"] == 0
