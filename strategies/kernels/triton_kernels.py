@@ -1,7 +1,8 @@
 """The Triton kernels themselves. Imported only through :mod:`strategies.kernels.ops` (needs Triton).
 
 Layouts are the contract's, contiguous: state ``[B, HV, K, V]``, q/k ``[B, N, H, K]``,
-v ``[B, N, HV, V]``, g/beta ``[B, N, HV]``. Grid: ``(B * HV, cdiv(V, BV))``; program
+v ``[B, N, HV, V]``, g/beta ``[B, N, HV]`` (``treewy_step`` reads its state through a page index
+and strides, to work on vLLM's own pages). Grid: ``(B * HV, cdiv(V, BV))``; program
 ``(b·HV + hv, j)`` owns value columns ``[j·BV, (j+1)·BV)`` of request b's value head hv, which reads
 key head ``hv // (HV // H)``. ``BN``/``BM``/``BK`` are the node, token and key extents padded to
 powers of two >= 16 (``tl.dot``'s minimum).
