@@ -75,7 +75,10 @@ def solve_vs_nodes(result: dict[str, Any]) -> plt.Figure:
     ax.plot(n, [1e6 * r["treewy_verify_s"] for r in rows], marker="o", color=COLORS["treewy"], label="treewy verify")
     ax.plot(n, [1e6 * r["treewy_verify_nosolve_s"] for r in rows], marker="o", ls="--", color=COLORS["treewy"],
             label="treewy verify without the solve")
-    ax.plot(n, [1e6 * r["solve_s"] for r in rows], marker="s", color="#ff7f0e", label="the solve")
+    ax.plot(n, [1e6 * r["solve_s"] for r in rows], marker="s", color="#ff7f0e", label="the solve (substitution)")
+    if all("solve_doubling_s" in r for r in rows):
+        ax.plot(n, [1e6 * r["solve_doubling_s"] for r in rows], marker="s", ls=":", color="#ff7f0e",
+                label="the solve (doubling)")
     ax.plot(n, [1e6 * r["store_all_verify_s"] for r in rows], marker="o", color=COLORS["store_all"],
             label="store_all verify")
     ax.set(xscale="log", yscale="log", xlabel="chain nodes N", ylabel="µs per layer",

@@ -94,15 +94,15 @@ def test_many_steps_follow_the_torch_strategy(name):
         assert int(ck.flushes.sum()) > 0 and torch.equal(ck.flushes, cr.flushes)
 
 
-@pytest.mark.parametrize("shape", list(BIG) if GPU else ["tree333+root"])
-@pytest.mark.parametrize("name", ["treewy", "store_all"])
+@pytest.mark.parametrize("shape", list(BIG) if GPU else ["tree333+root", "chain63+root"])
+@pytest.mark.parametrize("name", ["treewy", "treewy-doubling", "store_all"])
 def test_big_trees(name, shape):
-    """The benchmark's large shapes (N up to 64): the solve stays exact as the tree grows."""
+    """The benchmark's large shapes (N up to 64): the solve stays exact as the tree grows, both ways."""
     tree = BIG[shape]
     heads = None if GPU else dict(H=1, HV=2, K=16, V=16)
     state, q, k, v, g, beta = step(tree, B=3, seed=7, **(heads or {}))
     o_ref, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
-    strat, _ = pair(name, tree)
+    strat = kernels.get("treewy", solve="doubling") if name == "treewy-doubling" else pair(name, tree)[0]
     ver = strat.verify(strat.start(state), q, k, v, g, beta, tree)
     assert rel_err(ver.o, o_ref) <= FP32_TOL
     accepted = torch.tensor([0, tree.num_nodes - 1, tree.num_nodes // 2], device=DEV)
@@ -198,6 +198,21 @@ def test_solve_off_is_the_unsolved_system():
     assert rel_err(zero_beta.o, o0) <= FP32_TOL
 
 
+@pytest.mark.parametrize("shape", ["chain3+root", "tree222+root", "forest"])
+def test_doubling_solve_and_fused_step(shape):
+    """The log-depth solve gives the substitution's outputs and stash, in verify and in the fused step."""
+    tree = SHAPES[shape]
+    state, q, k, v, g, beta = step(tree, B=3, seed=12)
+    sub, dbl = kernels.get("treewy", block_v=16), kernels.get("treewy", block_v=16, solve="doubling")
+    a, b = sub.verify(state, q, k, v, g, beta, tree), dbl.verify(state, q, k, v, g, beta, tree)
+    assert rel_err(b.o, a.o) <= FP32_TOL and rel_err(b.stash["v_tilde"], a.stash["v_tilde"]) <= FP32_TOL
+    acc = torch.tensor([0, tree.num_nodes - 1, -1], device=DEV)
+    h1, h2 = state.clone(), state.clone()
+    s1 = sub.step(h1, a, acc, q, k, v, g, beta, tree)
+    s2 = dbl.step(h2, a, acc, q, k, v, g, beta, tree)
+    assert rel_err(h2, h1) <= FP32_TOL and rel_err(s2.o, s1.o) <= FP32_TOL
+
+
 def test_clear_errors():
     tree = DraftTree.chain(3, root=True)
     state, q, k, v, g, beta = step(tree, B=2, dtype=torch.float64)
@@ -207,6 +222,8 @@ def test_clear_errors():
         kernels.get("treewy_deferred")
     with pytest.raises(ValueError, match="block_v=48"):
         kernels.get("store_all", block_v=48)
+    with pytest.raises(ValueError, match="solve='lu'"):
+        kernels.get("treewy", solve="lu")
     branching = DraftTree.from_widths((2, 2), root=True)
     s = step(branching, B=2)
     with pytest.raises(ValueError, match="needs a chain"):

@@ -25,6 +25,7 @@ from . import triton_kernels as tk
 INTERPRETED = False   # set by strategies.kernels when it loads this module
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NO_SKIP = 1 << 30
+SOLVES = {"none": 0, "substitution": 1, "doubling": 2}   # TreeWY's triangular solve, as the kernel's SOLVE
 
 
 @lru_cache(maxsize=256)
@@ -64,9 +65,20 @@ def _c(*xs: torch.Tensor) -> list[torch.Tensor]:
 class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
     """``treewy`` on Triton. Stash: ``v_tilde [B, N, HV, V]`` and ``G [B, N, HV]`` float32, ``k``."""
 
-    def __init__(self, block_v: int = 32, num_warps: int = 4, inplace: bool = False, solve: bool = True):
+    def __init__(self, block_v: int = 32, num_warps: int = 4, inplace: bool = False,
+                 solve: str | bool = "substitution"):
+        """``solve``: ``substitution`` (N dependent steps), ``doubling`` (log2 N levels of products),
+        or ``none``/False (skip it: wrong results, for timing the solve)."""
         _Tiles.__init__(self, block_v, num_warps)
-        self.inplace, self.solve = bool(inplace), bool(solve)
+        self.inplace = bool(inplace)
+        solve = {True: "substitution", False: "none"}.get(solve, solve) if isinstance(solve, bool) else solve
+        if solve not in SOLVES:
+            raise ValueError(f"solve={solve!r}: choose one of {', '.join(SOLVES)}")
+        self.solve = solve
+
+    def _solve_args(self, N: int) -> dict[str, int]:
+        BN = tk.next_pow2(N)
+        return {"BN": BN, "SOLVE": SOLVES[self.solve], "LOG2BN": BN.bit_length() - 1}
 
     def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         _check_dtype(carry, self.name)
@@ -78,7 +90,7 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         kst = torch.empty_like(k)
         tk.treewy_verify[self.grid(s)](
             h0, q, k, v, g, beta, anc, o, vt, G, kst, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
-            BN=tk.next_pow2(s.N), BK=tk.next_pow2(s.K), BV=self.bv(s), SOLVE=self.solve, num_warps=self.num_warps)
+            BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps, **self._solve_args(s.N))
         return Verified(o.to(q.dtype), tree, s, {"v_tilde": vt, "k": kst, "G": G})
 
     def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> torch.Tensor:
@@ -123,8 +135,8 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         tk.treewy_step[self.grid(s)](
             state, pages.to(torch.int32), *state.stride(), pk, pvt, pG, panc, acc.to(torch.int32), prev.shape.N,
             q, k, v, g, beta, anc, o, vt, G, kst,
-            scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V, BNP=tk.next_pow2(prev.shape.N), BN=tk.next_pow2(s.N),
-            BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps)
+            scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V, BNP=tk.next_pow2(prev.shape.N),
+            BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps, **self._solve_args(s.N))
         return Verified(o.to(q.dtype), tree, s, {"v_tilde": vt, "k": kst, "G": G})
 
 

@@ -37,7 +37,7 @@ def _rebuild_tile(hh, k, u, G, path, e, b, hv, hk, om, ok, ov, mk, mv, M,
 @triton.jit
 def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 BN: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
+                 BN: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr, LOG2BN: tl.constexpr):
     """TreeWY's verify of one value tile from the state tile ``hh [BK, BV]`` (float32, in registers):
     the outputs, Ṽ, G and k of every node (see :func:`treewy_verify`)."""
     on = tl.arange(0, BN)
@@ -60,7 +60,7 @@ def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, h
     A = bb[:, None] * tl.where(strict, dec, 0.) * gram                  # strictly lower triangular
     eG = tl.exp(G)
     R = bb[:, None] * (vv - eG[:, None] * tl.dot(kk, hh, input_precision="ieee"))
-    if SOLVE:
+    if SOLVE == 1:
         # Forward substitution (I + A) Ṽ = R, one node per iteration: preorder puts ancestors first.
         x = tl.zeros([BN, BV], dtype=tl.float32)
         for t in range(N):
@@ -68,6 +68,15 @@ def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, h
             a_t = tl.sum(tl.where(sel, A, 0.), axis=0)                  # row t of A, over i
             r_t = tl.sum(tl.where(sel, R, 0.), axis=0)
             x = tl.where(sel, (r_t - tl.sum(a_t[:, None] * x, axis=0))[None, :], x)
+    elif SOLVE == 2:
+        # Doubling: A is nilpotent (A^BN = 0), so (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: log2(BN)
+        # levels of two [BN, BN] products instead of N dependent steps; then one product with R.
+        P = -A
+        T = tl.where(on[:, None] == on[None, :], 1., 0.) + P
+        for _ in tl.static_range(LOG2BN - 1):
+            P = tl.dot(P, P, input_precision="ieee")
+            T = T + tl.dot(T, P, input_precision="ieee")
+        x = tl.dot(T, R, input_precision="ieee")
     else:
         x = R
     W = dec * tl.dot(qq, tl.trans(kk), input_precision="ieee")
@@ -83,13 +92,15 @@ def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, h
 @triton.jit
 def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
+                  BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr,
+                  LOG2BN: tl.constexpr):
     """Outputs and pseudo-values of every node from ``h0`` (read once, never written).
 
     anc ``[N, N]`` int8: inclusive ancestor mask (``anc[t, i]``: i is on t's path). Writes o and
     vt (``Ṽ``) ``[B, N, HV, V]`` float32, Gout ``[B, N, HV]`` float32 (cumulative log decay), and
     kst ``[B, N, H, K]`` (the keys, kept for commit; written by one program per key head).
-    ``SOLVE=False`` skips the triangular solve (``Ṽ = R``): the benchmark's measure of its cost.
+    ``SOLVE``: 1 forward substitution, 2 doubling (log-depth products), 0 none (``Ṽ = R``: the
+    benchmark's measure of the solve's cost). ``LOG2BN = log2(BN)``.
     """
     i_bh = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -103,13 +114,14 @@ def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
     hh = tl.load(h0 + (i_bh * K + ok[:, None]) * V + ov[None, :],
                  mask=mk[:, None] & mv[None, :], other=0.).to(tl.float32)
     _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
-                 H, HV, K, V, BN, BV, SOLVE)
+                 H, HV, K, V, BN, BV, SOLVE, LOG2BN)
 
 
 @triton.jit
 def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, panc, acc, Np, q, k, v, g, beta, anc, o, vt, Gout,
                 kst, scale, N, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BNP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                BNP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr,
+                LOG2BN: tl.constexpr):
     """One engine step fused: commit the previous verify, then verify the new draft from the result.
 
     Request b's state is ``h[pages[b]]``, element (hv, k, v) at ``hv·s_h + k·s_k + v·s_v`` from the
@@ -140,7 +152,7 @@ def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, panc, acc, Np, q, k, 
     tl.store(h + tile, hh.to(h.dtype.element_ty), mask=m2 & ((ok * 0 + a) >= 0)[:, None])
     # -- verify the new draft from h_a ----------------------------------------------------------------
     _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
-                 H, HV, K, V, BN, BV, True)
+                 H, HV, K, V, BN, BV, SOLVE, LOG2BN)
 
 
 @triton.jit
