@@ -11,6 +11,9 @@
 #   export PYTHONPATH=/tmp/cbsite:$PYTHONPATH && source harness/engines/vllm/device_setup.sh
 #   python3 -m harness sweep sweep=h200_35b replay.sharegpt=.devdata/sharegpt.jsonl out=/tmp/h200 ...
 #   tar czf $OUT/h200.tgz -C /tmp h200      # bring the result folder back as one file
+# The kernel benchmark needs no vLLM (the image's torch, Triton and pytest do): carry .whl only, then
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/cbsite .whl/*.whl && export PYTHONPATH=/tmp/cbsite:$PWD
+#   python3 -m pytest -q tests/test_kernels.py -k "not bench" && python3 -m harness bench kernels out=$OUT/kernels/h200.json
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 for d in .whl .devdata; do
