@@ -300,7 +300,8 @@ def run(cfg: DictConfig) -> int:
         "copy_bandwidth": copy_bw, "copy": copy, "num_layers": shape.num_layers,
         "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
                   "V": shape.value_head_dim},
-        "rows": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "provenance": provenance(),
+        "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(),
+        "provenance": provenance(),
         "config": OmegaConf.to_container(cfg, resolve=True)}
     out = Path(str(cfg.out)) if cfg.out else None
     done = _resume(out, result, console)
@@ -312,7 +313,14 @@ def run(cfg: DictConfig) -> int:
                 continue
             if (name, tree.label, B) in done:
                 continue
-            row = measure(name, tree, B, shape, cfg, gen, device)
+            try:
+                row = measure(name, tree, B, shape, cfg, gen, device)
+            except torch.cuda.OutOfMemoryError as e:   # a shape too big for this GPU: record it, go on
+                reason = f"out of GPU memory: {str(e).splitlines()[0]}"
+                result["failed"].append({"strategy": name, "draft": tree.label, "batch": B, "reason": reason})
+                console.print(f"    {name:9s} skipped ({reason})")
+                torch.cuda.empty_cache()
+                continue
             for part in ("verify", "commit"):
                 row[f"{part}_bandwidth"] = row[f"{part}_bytes"] / row[f"{part}_s"] if row[f"{part}_s"] else None
                 row[f"{part}_fraction_of_copy"] = (row[f"{part}_bandwidth"] or 0) / copy_bw
@@ -401,6 +409,9 @@ def print_tables(console, result: dict[str, Any]) -> None:
                   f"{1e6 * r['solve_s']:.1f}", f"{1e6 * r.get('solve_doubling_s', float('nan')):.1f}",
                   f"{1e6 * r['store_all_verify_s']:.1f}")
     console.print(s)
+    for f in result.get("failed", []):
+        console.print(f"[red]not measured[/]: {f['strategy']} {f['draft']} batch {f['batch']}: {f['reason']} "
+                      "(rerun the same command to retry)")
     n = result["crossover_nodes"]
     console.print(f"TreeWY's verify costs more than store_all's from N = {n}" if n else
                   "TreeWY's verify stays cheaper than store_all's at every N measured")
