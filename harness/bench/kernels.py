@@ -25,7 +25,7 @@ from strategies import DraftTree, GDNShape, as_dtype, dtype_bytes
 
 from ..config import load_model, parse_draft
 from ..provenance import provenance
-from .strategies import sample_accepted
+from .strategies import sample_accepted, step_inputs
 
 GiB = 2 ** 30
 
@@ -83,27 +83,24 @@ def copy_bandwidth(nbytes: int, warmup: int, repeats: int, device: str) -> dict[
 # -- inputs and bytes -----------------------------------------------------------------------------
 
 def inputs(gen: torch.Generator, B: int, tree: DraftTree, s: GDNShape, in_dtype, state_dtype, device):
-    N, H, HV, K, V = tree.num_nodes, s.num_key_heads, s.num_value_heads, s.key_head_dim, s.value_head_dim
-    q = torch.nn.functional.normalize(torch.randn(B, N, H, K, generator=gen), dim=-1)
-    k = torch.nn.functional.normalize(torch.randn(B, N, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, N, HV, V, generator=gen)
-    g = -2 * torch.rand(B, N, HV, generator=gen)
-    beta = torch.rand(B, N, HV, generator=gen)
-    state = 0.1 * torch.randn(B, HV, K, V, generator=gen)
-    return state.to(device, state_dtype), [t.to(device, in_dtype) for t in (q, k, v, g, beta)]
+    """A state ``[B, HV, K, V]`` and one step's q, k, v, g, beta (bench strategies' inputs) on ``device``."""
+    state = 0.1 * torch.randn(B, s.num_value_heads, s.key_head_dim, s.value_head_dim, generator=gen)
+    return state.to(device, state_dtype), [t.to(device, in_dtype) for t in step_inputs(gen, B, tree, s, torch.float32)]
 
 
 def traffic(name: str, tree: DraftTree, s: GDNShape, sb: int, ib: int, B: int, *,
-            path_nodes: float = 0.0, ring_tokens: float = 0.0) -> dict[str, float]:
+            path_nodes: float = 0.0, ring_tokens: float = 0.0, appended: float = 0.0,
+            flushes: float = 0.0) -> dict[str, float]:
     """Unique bytes one step moves for ``B`` requests, one layer (what a perfect cache would move).
 
     sb/ib: state and input element bytes. Every verify reads h0, q, k, v, g, beta and writes the
     outputs (fp32). treewy's verify writes Ṽ, G (fp32) and k; its commit reads h0 and the accepted
     path's stash (``path_nodes`` nodes on average) and writes h_a. treewy_fused (the engine's step:
-    commit the last draft, verify the next, one kernel) reads h0 once and writes h_a once. store_all's verify writes N
-    snapshots and, for a branching tree, reads each non-root-level node's parent snapshot back; its
-    commit moves an index. replay's verify reads the checkpoint and ``ring_tokens`` buffered tokens'
-    (u, k, g) and writes u; its commit is counted where it is timed (append and flush).
+    commit the last draft, verify the next, one kernel) reads h0 once and writes h_a once.
+    store_all's verify writes N snapshots and, for a branching tree, reads each non-root-level node's
+    parent snapshot back; its commit moves an index. replay's verify reads the checkpoint and ``ring_tokens`` buffered tokens'
+    (u, k, g) and writes u; its commit copies the ``appended`` accepted tokens into the ring and, in
+    ``flushes`` of the steps, rebuilds the checkpoint (read, write, and the ring).
     """
     N, H, HV, K, V = tree.num_nodes, s.num_key_heads, s.num_value_heads, s.key_head_dim, s.value_head_dim
     S = HV * K * V * sb
@@ -118,12 +115,12 @@ def traffic(name: str, tree: DraftTree, s: GDNShape, sb: int, ib: int, B: int, *
         verify = 2 * S + path_nodes * stash + ins + outs + N * stash
         commit = 0
     elif name == "store_all":
-        parents_read = sum(1 for p in tree.parents if p >= 0) if tree.parents != tuple(range(-1, N - 1)) else 0
+        parents_read = 0 if tree.is_chain else sum(1 for p in tree.parents if p >= 0)
         verify = S + ins + outs + N * S + parents_read * S
         commit = 8
     else:
         verify = S + ring_tokens * tok + ins + outs + N * HV * V * 4
-        commit = 0.0
+        commit = 2 * appended * tok + flushes * (2 * S + ring_tokens * tok)
     return {"verify_bytes": B * verify, "commit_bytes": B * commit}
 
 
@@ -188,11 +185,10 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
         f = flushes_per_step(tree, acc_list, L)
 
         def append():                                             # commit without the flush
-            c = carry
-            saved = c.length.clone()
-            c.commit_path(torch.arange(tree.num_nodes, device=device).expand(B, -1), accepted + 1,
-                          ver.stash["u"], ver.stash["k"], ver.stash["g"], reserve=0)
-            c.length = saved
+            saved = carry.length.clone()
+            carry.commit_path(torch.arange(tree.num_nodes, device=device).expand(B, -1), accepted + 1,
+                              ver.stash["u"], ver.stash["k"], ver.stash["g"], reserve=0)
+            carry.length = saved
         append_s = gpu_seconds(append, w, r, graph=False)
         full = torch.ones(B, dtype=torch.bool, device=device)
 
@@ -201,12 +197,8 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
             carry._rebuild(carry.checkpoint, carry.checkpoint, full, store_all=False)
         flush_s = gpu_seconds(flush, w, r, graph=False)
         row.update(flush_s=flush_s, flushes_per_step=f, append_s=append_s, commit_s=append_s + f * flush_s)
-        bytes_ = traffic(name, tree, shape, sb, ib, B, ring_tokens=float(ring.float().mean()))
-        tok = shape.num_value_heads * shape.value_head_dim + shape.num_key_heads * shape.key_head_dim \
-            + shape.num_value_heads
-        S = shape.state_elems * sb
-        appended = statistics.mean(a + 1 for a in acc_list)
-        bytes_["commit_bytes"] = B * (2 * appended * tok * sb + f * (2 * S + float(ring.float().mean()) * tok * sb))
+        bytes_ = traffic(name, tree, shape, sb, ib, B, ring_tokens=float(ring.float().mean()),
+                         appended=statistics.mean(a + 1 for a in acc_list), flushes=f)
     row.update(bytes_)
     row["step_s"] = row["verify_s"] + row["commit_s"]
     # The issue's yardstick: full states' worth of bytes per request and layer, verify + commit.

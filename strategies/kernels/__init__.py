@@ -45,19 +45,13 @@ def get(name: str, **options):
     return _ops().STRATEGIES[name](**options)
 
 
-def interpreted() -> bool:
-    """True when the kernels run in Triton's interpreter (no CUDA GPU)."""
-    return _ops().INTERPRETED
-
-
 def _ops():
     import sys
 
-    if __name__ + ".ops" not in sys.modules:
+    if __name__ + ".ops" not in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         import torch
 
-        interpret = not torch.cuda.is_available()
-        if interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        if not torch.cuda.is_available():
             # Triton decides interpreter or compiler for every jit function (its own tl.sum included)
             # when it is imported, so the switch must be on before that.
             if "triton" in sys.modules:
@@ -65,7 +59,6 @@ def _ops():
                                   "Triton was already imported in compiler mode (vLLM imports it); set "
                                   "TRITON_INTERPRET=1 in the environment before starting Python")
             os.environ["TRITON_INTERPRET"] = "1"
-        from . import ops
+    from . import ops
 
-        ops.INTERPRETED = interpret
-    return sys.modules[__name__ + ".ops"]
+    return ops

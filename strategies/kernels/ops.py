@@ -22,19 +22,17 @@ from ..inputs import StepShape
 from ..tree import DraftTree
 from . import triton_kernels as tk
 
-INTERPRETED = False   # set by strategies.kernels when it loads this module
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NO_SKIP = 1 << 30
 SOLVES = {"none": 0, "substitution": 1, "doubling": 2}   # TreeWY's triangular solve, as the kernel's SOLVE
 
 
 @lru_cache(maxsize=256)
-def _tree_meta(tree: DraftTree, device: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(inclusive ancestor mask ``[N, N]`` int8, parents ``[N]`` int32, is it the chain 0-1-2-...)."""
+def _tree_meta(tree: DraftTree, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inclusive ancestor mask ``[N, N]`` int8, parents ``[N]`` int32) on ``device``, made once per tree."""
     anc = tree.ancestor_mask(inclusive=True).to(torch.int8).to(device)
     par = torch.tensor(tree.parents, dtype=torch.int32, device=device)
-    chain = tree.parents == tuple(range(-1, tree.num_nodes - 1))
-    return anc, par, chain
+    return anc, par
 
 
 def _check_dtype(x: torch.Tensor, name: str) -> None:
@@ -71,7 +69,8 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         or ``none``/False (skip it: wrong results, for timing the solve)."""
         _Tiles.__init__(self, block_v, num_warps)
         self.inplace = bool(inplace)
-        solve = {True: "substitution", False: "none"}.get(solve, solve) if isinstance(solve, bool) else solve
+        if isinstance(solve, bool):
+            solve = "substitution" if solve else "none"
         if solve not in SOLVES:
             raise ValueError(f"solve={solve!r}: choose one of {', '.join(SOLVES)}")
         self.solve = solve
@@ -80,14 +79,18 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         BN = tk.next_pow2(N)
         return {"BN": BN, "SOLVE": SOLVES[self.solve], "LOG2BN": BN.bit_length() - 1}
 
+    @staticmethod
+    def _outputs(s: StepShape, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What a verify writes: o and Ṽ ``[B, N, HV, V]``, G ``[B, N, HV]`` (float32), the keys' stash."""
+        o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=k.device)
+        G = torch.empty(s.B, s.N, s.HV, dtype=torch.float32, device=k.device)
+        return o, torch.empty_like(o), G, torch.empty_like(k)
+
     def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         _check_dtype(carry, self.name)
-        anc, _, _ = _tree_meta(tree, str(carry.device))
+        anc, _ = _tree_meta(tree, str(carry.device))
         h0, q, k, v, g, beta = _c(carry, q, k, v, g, beta)
-        o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=h0.device)
-        vt = torch.empty_like(o)
-        G = torch.empty(s.B, s.N, s.HV, dtype=torch.float32, device=h0.device)
-        kst = torch.empty_like(k)
+        o, vt, G, kst = self._outputs(s, k)
         tk.treewy_verify[self.grid(s)](
             h0, q, k, v, g, beta, anc, o, vt, G, kst, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
             BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps, **self._solve_args(s.N))
@@ -95,14 +98,13 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
 
     def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> torch.Tensor:
         s, st = verified.shape, verified.stash
-        anc, _, _ = _tree_meta(verified.tree, str(carry.device))
+        anc, _ = _tree_meta(verified.tree, str(carry.device))
         h0 = carry.contiguous()
         out = h0 if self.inplace else torch.empty_like(h0)
         onpath = anc[accepted.clamp(min=0)]
         rebuild(h0, out, st["k"], st["v_tilde"], st["G"], onpath, accepted, s, self, cumsum=False,
                 store_all=not self.inplace)
         return out
-
 
     def step(self, state: torch.Tensor, prev: Verified, accepted: torch.Tensor, q, k, v, g, beta,
              tree: DraftTree, scale: float | None = None) -> Verified:
@@ -124,14 +126,11 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         (vLLM's V-major pages viewed as K-major), updated in place at those pages."""
         if pages is None:
             pages = torch.arange(s.B, dtype=torch.int32, device=state.device)
-        anc, _, _ = _tree_meta(tree, str(state.device))
-        panc, _, _ = _tree_meta(prev.tree, str(state.device))
+        anc, _ = _tree_meta(tree, str(state.device))
+        panc, _ = _tree_meta(prev.tree, str(state.device))
         q, k, v, g, beta = _c(q, k, v, g, beta)
         pk, pvt, pG = _c(prev.stash["k"], prev.stash["v_tilde"], prev.stash["G"])
-        o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=state.device)
-        vt = torch.empty_like(o)
-        G = torch.empty(s.B, s.N, s.HV, dtype=torch.float32, device=state.device)
-        kst = torch.empty_like(k)
+        o, vt, G, kst = self._outputs(s, k)
         tk.treewy_step[self.grid(s)](
             state, pages.to(torch.int32), *state.stride(), pk, pvt, pG, panc, acc.to(torch.int32), prev.shape.N,
             q, k, v, g, beta, anc, o, vt, G, kst,
@@ -180,7 +179,7 @@ class StoreAllKernel(_Tiles, store_all_mod.StoreAll):
 
     def _verify(self, carry: Snapshots, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         _check_dtype(carry.base, self.name)
-        _, par, chain = _tree_meta(tree, str(carry.base.device))
+        _, par = _tree_meta(tree, str(carry.base.device))
         base = carry.base.contiguous()
         q, k, v, g, beta = _c(q, k, v, g, beta)
         dev = base.device
@@ -199,7 +198,7 @@ class StoreAllKernel(_Tiles, store_all_mod.StoreAll):
         tk.store_all_verify[self.grid(s)](
             base, src, slot, src.shape[1] if src.dim() == 5 else 1, dst, skip, dst.shape[1],
             q, k, v, g, beta, par, o, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
-            BK=tk.next_pow2(s.K), BV=self.bv(s), IS_CHAIN=chain, WRITE_BASE=not in_place,
+            BK=tk.next_pow2(s.K), BV=self.bv(s), IS_CHAIN=tree.is_chain, WRITE_BASE=not in_place,
             num_warps=self.num_warps)
         return Verified(o.to(q.dtype), tree, s, {"states": dst, "skip": skip, "h0_slot": h0_slot,
                                                  "base": base})

@@ -35,6 +35,22 @@ def _rebuild_tile(hh, k, u, G, path, e, b, hv, hk, om, ok, ov, mk, mv, M,
 
 
 @triton.jit
+def _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """One token of the gated delta rule on a state tile ``h [BK, BV]`` (token row ``r = b·N + t``):
+    returns ``(h_t, u_t, o_t)`` with ``h_t = a h + k ⊗ u_t``, ``u_t = β (v − a hᵀk)``, ``o_t = scale h_tᵀq``."""
+    kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+    qt = tl.load(q + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+    vt = tl.load(v + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
+    gt = tl.load(g + r * HV + hv).to(tl.float32)
+    bt = tl.load(beta + r * HV + hv).to(tl.float32)
+    h = tl.exp(gt) * h
+    u = bt * (vt - tl.sum(h * kt[:, None], axis=0))
+    h = h + kt[:, None] * u[None, :]
+    return h, u, scale * tl.sum(h * qt[:, None], axis=0)
+
+
+@triton.jit
 def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BN: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr, LOG2BN: tl.constexpr):
@@ -229,17 +245,10 @@ def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, be
                          other=0.)
             h = tl.where(p >= 0, hp.to(tl.float32), h0)
         r = b * N + t
-        kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
-        qt = tl.load(q + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
-        vt = tl.load(v + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
-        gt = tl.load(g + r * HV + hv).to(tl.float32)
-        bt = tl.load(beta + r * HV + hv).to(tl.float32)
-        h = tl.exp(gt) * h
-        u = bt * (vt - tl.sum(h * kt[:, None], axis=0))
-        h = h + kt[:, None] * u[None, :]
+        h, u, ot = _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv, H, HV, K, V)
         ts = t + (t >= sk).to(tl.int32)
         tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
-        tl.store(o + (r * HV + hv) * V + ov, scale * tl.sum(h * qt[:, None], axis=0), mask=mv)
+        tl.store(o + (r * HV + hv) * V + ov, ot, mask=mv)
         if not IS_CHAIN:
             tl.debug_barrier()   # the next node may read this snapshot back
 
@@ -270,16 +279,9 @@ def replay_verify(ckpt, ru, rk, rg, length, L, q, k, v, g, beta, o, ust, scale, 
     h = _rebuild_tile(h, rk, ru, rg, ol < n, n - 1, b, hv, hk, ol, ok, ov, mk, mv, L, H, HV, K, V, True)
     for t in range(N):
         r = b * N + t
-        kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
-        qt = tl.load(q + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
-        vt = tl.load(v + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
-        gt = tl.load(g + r * HV + hv).to(tl.float32)
-        bt = tl.load(beta + r * HV + hv).to(tl.float32)
-        h = tl.exp(gt) * h
-        u = bt * (vt - tl.sum(h * kt[:, None], axis=0))
-        h = h + kt[:, None] * u[None, :]
+        h, u, ot = _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv, H, HV, K, V)
         tl.store(ust + (r * HV + hv) * V + ov, u, mask=mv)
-        tl.store(o + (r * HV + hv) * V + ov, scale * tl.sum(h * qt[:, None], axis=0), mask=mv)
+        tl.store(o + (r * HV + hv) * V + ov, ot, mask=mv)
 
 
 def next_pow2(n: int, lo: int = 16) -> int:

@@ -88,15 +88,6 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
         gdn_prefill_backend=cfg.get("gdn_prefill_backend"), extra_args=tuple(cfg.get("extra_args") or ()), env=env)
 
 
-def gpu_present() -> bool:
-    """An NVIDIA GPU answers nvidia-smi here (the server then runs on CUDA)."""
-    try:
-        return bool(shutil.which("nvidia-smi")) and subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
 def device_name() -> str:
     """The GPU's name from nvidia-smi (no torch import in the harness), else the CPU's."""
     if shutil.which("nvidia-smi"):
@@ -171,7 +162,7 @@ class VLLMEngine:
         except Exception:
             version = None
         facts = scrape.startup_facts(server.log_path.read_text(errors="replace"))
-        return {"vllm_version": version, "device": device_name(), "gpu": gpu_present(), "cache_config": info,
+        return {"vllm_version": version, "device": device_name(), "cache_config": info,
                 "startup_s": server.started_s, "log": str(server.log_path),
                 "argv": server.settings.argv(server.port, server.served_name)[1:], **facts}
 
@@ -308,7 +299,7 @@ class VLLMEngine:
             else ("model's own (MTP)" if s.num_spec else "none (no speculation)"),
             "server": {"argv": st.get("argv"), "startup_s": st.get("startup_s"), "log": st.get("log"),
                        "strategy": s.strategy, "buffer_len": s.buffer_len, "restarts": self.starts,
-                       "gdn_commit": _gdn_commit(s.strategy, dict(s.env), bool(st.get("gpu"))),
+                       "gdn_commit": _gdn_commit(s.strategy, dict(s.env), st.get("device") or ""),
                        "cache_config": info},
             "num_blocks": num_blocks,
             "block_size": block_size,
@@ -331,11 +322,13 @@ class VLLMEngine:
         }
 
 
-def _gdn_commit(strategy: str, env: dict[str, str], on_gpu: bool) -> str:
-    """Which code ran the GDN verify/commit in the server (the plugin's COMMITBENCH_KERNELS choice)."""
+def _gdn_commit(strategy: str, env: dict[str, str], device: str) -> str:
+    """Which code ran the GDN verify/commit in the server (the plugin's COMMITBENCH_KERNELS choice);
+    ``device`` is :func:`device_name`'s answer, which names a CPU as ``cpu: ...``."""
     if strategy == "store_all":
         return "vLLM's own kernel (store_all)"
     choice = env.get("COMMITBENCH_KERNELS", "auto")
+    on_gpu = bool(device) and not device.startswith("cpu: ")
     if strategy == "treewy" and (choice == "triton" or (choice == "auto" and on_gpu)):
         return "Triton fused step (strategies/kernels)" + ("" if on_gpu else ", interpreted")
     return "torch reference (strategies)"

@@ -201,28 +201,24 @@ class PagedCommit:
         B, N = len(pages), lay.nodes
         shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
         prev_tree = DraftTree.chain(lay.num_spec, root=True)
-        if self.fused:
-            # One kernel on vLLM's own pages: commit into them, verify from the result; no gather/scatter.
-            vt, kk, G = lay.split(st[:, :N])
-            prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
-            now = StepShape(B, tree.num_nodes, shape.H, shape.HV, shape.K, shape.V)
-            ver = self.strategy._step(ssm, prev, accepted, q, k, v, g, beta, tree, now,
-                                      shape.K ** -0.5 if scale is None else scale, pages=pages)
-            stash[pages, : tree.num_nodes] = lay.join(ver.stash["v_tilde"], ver.stash["k"], ver.stash["G"])
-            header[pages, STAGED] = tree.num_nodes
-            return ver.o, (ssm[pages].float() if probe else None)
-        h0 = ssm[pages].float()
         if lay.strategy == "treewy":
             vt, kk, G = lay.split(st[:, :N])
-            prev = Verified(h0.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
-            h = self.strategy.commit(h0, prev, accepted)
-            ver = self.strategy.verify(h, q, k, v, g, beta, tree, scale)
-            ssm[pages] = h.to(ssm.dtype)  # TreeWY's one state write per step
-            new = lay.join(ver.stash["v_tilde"], ver.stash["k"], ver.stash["G"])
-            stash[pages, : tree.num_nodes] = new
+            prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
+            if self.fused:
+                # One kernel on vLLM's own pages: commit into them, verify from the result; no gather/scatter.
+                now = StepShape(B, tree.num_nodes, shape.H, shape.HV, shape.K, shape.V)
+                ver = self.strategy._step(ssm, prev, accepted, q, k, v, g, beta, tree, now,
+                                          shape.K ** -0.5 if scale is None else scale, pages=pages)
+                h = ssm[pages].float() if probe else None
+            else:
+                h = self.strategy.commit(ssm[pages].float(), prev, accepted)
+                ver = self.strategy.verify(h, q, k, v, g, beta, tree, scale)
+                ssm[pages] = h.to(ssm.dtype)  # TreeWY's one state write per step
+            stash[pages, : tree.num_nodes] = lay.join(ver.stash["v_tilde"], ver.stash["k"], ver.stash["G"])
             header[pages, STAGED] = tree.num_nodes
             return ver.o, h
         # Deferred flush: the page is the checkpoint, the stash the ring buffer.
+        h0 = ssm[pages].float()
         L = lay.buffer_len
         length = hd[:, HISTORY].long()
         u, kk, gg = lay.split(st[:, :L])
