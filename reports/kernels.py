@@ -109,6 +109,9 @@ def write_report(result: dict[str, Any], path: Path) -> Path:
     n = result["crossover_nodes"]
     cross = (f"costs more than store_all's from N = {n}" if n else "stays cheaper than store_all's at every N measured")
     prov = result.get("provenance", {})
+    tiles = result.get("tiles") or {}
+    tiles_txt = ("Tiles (value columns per program / warps, tuned per strategy): "
+                 + ", ".join(f"{n} {t['block_v']}/{t['num_warps']}" for n, t in tiles.items()) + ".") if tiles else ""
     body_rows = body
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>CommitBench kernels</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{padding:2px 8px;text-align:right}}
@@ -117,7 +120,7 @@ img{{max-width:100%}}</style></head><body>
 <p>{e(result['device'])}; one GDN layer (H={result['shape']['H']}, HV={result['shape']['HV']},
 K={result['shape']['K']}, V={result['shape']['V']}), x{result['num_layers']} for the model.
 Copy bandwidth measured in the same run: {result['copy_bandwidth'] / 1e9:,.0f} GB/s (read + write).
-TreeWY's verify {e(cross)}.
+TreeWY's verify {e(cross)}. {e(tiles_txt)}
 Triton {e(str(result.get('triton')))}, torch {e(str(prov.get('torch')))}, commit {e(str(prov.get('git_commit')))}.</p>
 {imgs}
 <table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body_rows}</table></body></html>"""

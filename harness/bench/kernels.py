@@ -6,8 +6,9 @@ documented per strategy in :func:`traffic`), the achieved bandwidth and its frac
 bandwidth measured at the start of the same run, and the speculative state the strategy holds. Times
 come from CUDA graphs of one call replayed ``repeats`` times (launch overhead excluded); replay's
 commit, torch code with host syncs, is timed with events around each call. Then TreeWY's verify with
-and without its triangular solve (forward substitution, and log-depth doubling) over chains of N
-nodes: the solve's cost as N grows, and the N at which TreeWY's verify costs more than store_all's.
+and without its triangular solve over chains of N nodes: the solve's cost as N grows, and the N at
+which TreeWY's verify costs more than store_all's. With ``tune=true`` each strategy first gets the
+value-tile width and warp count that make its step fastest at the largest batch (recorded as ``tiles``).
 """
 
 from __future__ import annotations
@@ -94,13 +95,15 @@ def traffic(name: str, tree: DraftTree, s: GDNShape, sb: int, ib: int, B: int, *
     """Unique bytes one step moves for ``B`` requests, one layer (what a perfect cache would move).
 
     sb/ib: state and input element bytes. Every verify reads h0, q, k, v, g, beta and writes the
-    outputs (fp32). treewy's verify writes Ṽ, G (fp32) and k; its commit reads h0 and the accepted
-    path's stash (``path_nodes`` nodes on average) and writes h_a. treewy_fused (the engine's step:
-    commit the last draft, verify the next, one kernel) reads h0 once and writes h_a once.
+    outputs (fp32). treewy's verify writes Ṽ, G (fp32) and k, and its Gram matrices k·k and q·k
+    (two [H, N, N] fp32 per request, from q and k read again) go out and back; its commit reads h0 and
+    the accepted path's stash (``path_nodes`` nodes on average) and writes h_a. treewy_fused (the
+    engine's step: commit the last draft, verify the next, one kernel) reads h0 once and writes h_a once.
     store_all's verify writes N snapshots and, for a branching tree, reads each non-root-level node's
-    parent snapshot back; its commit moves an index. replay's verify reads the checkpoint and ``ring_tokens`` buffered tokens'
-    (u, k, g) and writes u; its commit copies the ``appended`` accepted tokens into the ring and, in
-    ``flushes`` of the steps, rebuilds the checkpoint (read, write, and the ring).
+    parent snapshot back; its commit moves an index. replay's verify reads the checkpoint and
+    ``ring_tokens`` buffered tokens' (u, k, g) and writes u; its commit copies the ``appended``
+    accepted tokens into the ring and, in ``flushes`` of the steps, rebuilds the checkpoint (read,
+    write, and the ring).
     """
     N, H, HV, K, V = tree.num_nodes, s.num_key_heads, s.num_value_heads, s.key_head_dim, s.value_head_dim
     S = HV * K * V * sb
@@ -108,11 +111,12 @@ def traffic(name: str, tree: DraftTree, s: GDNShape, sb: int, ib: int, B: int, *
     outs = N * HV * V * 4
     tok = HV * V * sb + H * K * sb + HV * sb       # one ring or stash token (u or Ṽ, k, g or G)
     stash = HV * V * 4 + HV * 4 + H * K * ib       # one node's Ṽ, G and k
+    grams = 2 * (2 * H * N * N * 4) + 2 * N * H * K * ib
     if name == "treewy":
-        verify = S + ins + outs + N * stash
+        verify = S + ins + outs + N * stash + grams
         commit = 2 * S + path_nodes * stash
     elif name == "treewy_fused":                   # commit + verify in one kernel: h0 read once, h_a written once
-        verify = 2 * S + path_nodes * stash + ins + outs + N * stash
+        verify = 2 * S + path_nodes * stash + ins + outs + N * stash + grams
         commit = 0
     elif name == "store_all":
         parents_read = 0 if tree.is_chain else sum(1 for p in tree.parents if p >= 0)
@@ -139,7 +143,10 @@ def flushes_per_step(tree: DraftTree, accepted: list[int], L: int) -> float:
 
 # -- one measurement ------------------------------------------------------------------------------
 
-def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig, gen, device) -> dict[str, Any]:
+def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig, gen, device,
+            tiles: dict[str, int] | None = None) -> dict[str, Any]:
+    """One strategy's verify and commit on one draft shape and batch; ``tiles`` (block_v, num_warps)
+    default to the config's."""
     from strategies import kernels
 
     sdt, idt = as_dtype(cfg.state_dtype), as_dtype(cfg.input_dtype)
@@ -148,9 +155,9 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
     acc_list = sample_accepted(gen, tree, B, float(cfg.accept_rate)).tolist()
     accepted = torch.tensor(acc_list, device=device)
     path_nodes = statistics.mean(len(tree.path_to(a)) if a >= 0 else 0 for a in acc_list)
-    tiles = dict(block_v=int(cfg.block_v), num_warps=int(cfg.num_warps))
+    tiles = tiles or dict(block_v=int(cfg.block_v), num_warps=int(cfg.num_warps))
     w, r = int(cfg.warmup), int(cfg.repeats)
-    row: dict[str, Any] = {"strategy": name, "batch": B, "draft": tree.label, "nodes": tree.num_nodes}
+    row: dict[str, Any] = {"strategy": name, "batch": B, "draft": tree.label, "nodes": tree.num_nodes, **tiles}
     if name == "treewy":
         strat = kernels.get("treewy", inplace=True, solve=str(cfg.solve), **tiles)
         ver = strat.verify(state, q, k, v, g, beta, tree)
@@ -209,37 +216,60 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
     return row
 
 
-def _solve_row(N: int, shape: GDNShape, cfg: DictConfig, gen, device) -> dict[str, Any]:
+def _solve_row(N: int, shape: GDNShape, cfg: DictConfig, gen, device,
+               tiles: dict[str, dict[str, int]]) -> dict[str, Any]:
     """TreeWY's verify with and without the triangular solve, and store_all's verify, on a chain of N nodes."""
     from strategies import kernels
 
     sdt, idt = as_dtype(cfg.state_dtype), as_dtype(cfg.input_dtype)
-    tiles = dict(block_v=int(cfg.block_v), num_warps=int(cfg.num_warps))
     w, r, B = int(cfg.warmup), int(cfg.repeats), int(cfg.solve_batch)
     tree = DraftTree.chain(N - 1, root=True)
     state, (q, k, v, g, beta) = inputs(gen, B, tree, shape, idt, sdt, device)
-    on, off = kernels.get("treewy", **tiles), kernels.get("treewy", solve="none", **tiles)
-    dbl = kernels.get("treewy", solve="doubling", **tiles)
-    sa = kernels.get("store_all", **tiles)
+    on = kernels.get("treewy", **tiles["treewy"])
+    off = kernels.get("treewy", solve="none", **tiles["treewy"])
+    sa = kernels.get("store_all", **tiles["store_all"])
     carry = sa.commit(sa.start(state), sa.verify(sa.start(state), q, k, v, g, beta, tree),
                       torch.zeros(B, dtype=torch.long, device=device))
     t_on = gpu_seconds(lambda: on.verify(state, q, k, v, g, beta, tree), w, r)
     t_off = gpu_seconds(lambda: off.verify(state, q, k, v, g, beta, tree), w, r)
-    t_dbl = gpu_seconds(lambda: dbl.verify(state, q, k, v, g, beta, tree), w, r)
     t_sa = gpu_seconds(lambda: sa.verify(carry, q, k, v, g, beta, tree), w, r)
     return {"nodes": N, "batch": B, "treewy_verify_s": t_on, "treewy_verify_nosolve_s": t_off,
-            "solve_s": max(t_on - t_off, 0.0), "treewy_verify_doubling_s": t_dbl,
-            "solve_doubling_s": max(t_dbl - t_off, 0.0), "store_all_verify_s": t_sa}
+            "solve_s": max(t_on - t_off, 0.0), "store_all_verify_s": t_sa}
 
 
 def crossover(rows: list[dict[str, Any]]) -> int | None:
-    """The smallest N at which TreeWY's verify, with the faster of its two solves, takes longer than
-    store_all's (None: never here)."""
+    """The smallest N at which TreeWY's verify takes longer than store_all's (None: never here)."""
     for r in sorted(rows, key=lambda r: r["nodes"]):
-        best = min(r["treewy_verify_s"], r.get("treewy_verify_doubling_s", float("inf")))
-        if best > r["store_all_verify_s"]:
+        if r["treewy_verify_s"] > r["store_all_verify_s"]:
             return r["nodes"]
     return None
+
+
+STRATEGY_ROWS = ("store_all", "replay", "treewy", "treewy_fused")
+
+
+def tune(shape: GDNShape, cfg: DictConfig, gen, device, console) -> dict[str, dict[str, int]]:
+    """Each strategy's fastest (block_v, num_warps) among ``tune_block_v`` x ``tune_num_warps``, by
+    verify + commit time on ``tune_draft`` at the largest batch: every kernel is compared at its best."""
+    tree, B = parse_draft(cfg.tune_draft, root=bool(cfg.root)), max(int(b) for b in cfg.batches)
+    best: dict[str, dict[str, int]] = {}
+    for name in STRATEGY_ROWS:
+        times = {}
+        for bv in cfg.tune_block_v:
+            for nw in cfg.tune_num_warps:
+                tiles = {"block_v": int(bv), "num_warps": int(nw)}
+                try:
+                    times[(int(bv), int(nw))] = measure(name, tree, B, shape, cfg, gen, device, tiles)["step_s"]
+                except torch.cuda.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+        if not times:
+            best[name] = {"block_v": int(cfg.block_v), "num_warps": int(cfg.num_warps)}
+            continue
+        (bv, nw), t = min(times.items(), key=lambda kv: kv[1])
+        best[name] = {"block_v": bv, "num_warps": nw}
+        console.print(f"  tiles for {name}: block_v={bv} num_warps={nw} ({1e6 * t:.1f} us per step on "
+                      f"{tree.label} at batch {B}; slowest tried {1e6 * max(times.values()):.1f} us)")
+    return best
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -249,7 +279,7 @@ def _smoke(cfg: DictConfig) -> DictConfig:
 
     small = OmegaConf.create({"batches": [1, 2], "drafts": ["chain:1", "chain:3", [2, 2]], "solve_nodes": [2, 4],
                               "solve_batch": 2, "warmup": 0, "repeats": 1, "copy_bytes": 1 << 20,
-                              "block_v": 16, "buffer_len": 8})
+                              "block_v": 16, "buffer_len": 8, "tune_block_v": [16, 32], "tune_num_warps": [4]})
     return OmegaConf.merge(cfg, small)
 
 
@@ -292,21 +322,27 @@ def run(cfg: DictConfig) -> int:
         "copy_bandwidth": copy_bw, "copy": copy, "num_layers": shape.num_layers,
         "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
                   "V": shape.value_head_dim},
-        "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(),
+        "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "tiles": {},
         "provenance": provenance(),
         "config": OmegaConf.to_container(cfg, resolve=True)}
     out = Path(str(cfg.out)) if cfg.out else None
     done = _resume(out, result, console)
+    if not result["tiles"]:
+        fixed = {"block_v": int(cfg.block_v), "num_warps": int(cfg.num_warps)}
+        result["tiles"] = tune(shape, cfg, gen, device, console) if cfg.tune else {n: fixed for n in STRATEGY_ROWS}
+        _save(out, result)
     jobs = [(parse_draft(d, root=bool(cfg.root)), int(B)) for d in cfg.drafts for B in cfg.batches]
     started = time.perf_counter()
     for i, (tree, B) in enumerate(jobs, 1):
-        for name in (*kernels.NAMES, "treewy_fused"):
+        console.print(f"  [{i}/{len(jobs)}] {tree.label} (N={tree.num_nodes}) batch {B} "
+                      f"(elapsed {time.perf_counter() - started:.0f} s)")
+        for name in STRATEGY_ROWS:
             if name == "replay" and (not tree.is_chain or tree.num_nodes > int(cfg.buffer_len)):
                 continue
             if (name, tree.label, B) in done:
                 continue
             try:
-                row = measure(name, tree, B, shape, cfg, gen, device)
+                row = measure(name, tree, B, shape, cfg, gen, device, result["tiles"][name])
             except torch.cuda.OutOfMemoryError as e:   # a shape too big for this GPU: record it, go on
                 reason = f"out of GPU memory: {str(e).splitlines()[0]}"
                 result["failed"].append({"strategy": name, "draft": tree.label, "batch": B, "reason": reason})
@@ -322,12 +358,10 @@ def run(cfg: DictConfig) -> int:
                           f"({100 * row['verify_fraction_of_copy']:3.0f}% of copy), commit "
                           f"{1e6 * row['commit_s']:8.1f} us ({100 * row['commit_fraction_of_copy']:3.0f}%)")
         _save(out, result)   # a run cut short keeps what it measured; rerun the same command to resume
-        console.print(f"  [{i}/{len(jobs)}] {tree.label} (N={tree.num_nodes}) batch {B}: "
-                      f"elapsed {time.perf_counter() - started:.0f} s")
     have = {r["nodes"] for r in result["solve"]}
     for N in cfg.solve_nodes:
         if int(N) not in have:
-            result["solve"].append(_solve_row(int(N), shape, cfg, gen, device))
+            result["solve"].append(_solve_row(int(N), shape, cfg, gen, device, result["tiles"]))
             _save(out, result)
             console.print(f"  solve vs N: N={N} done")
     result["crossover_nodes"] = crossover(result["solve"])
@@ -363,11 +397,12 @@ def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str,
     except ValueError:
         return set()
     same = ("device", "shape", "num_layers")
-    keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "buffer_len", "root", "repeats", "smoke", "solve")
+    keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "buffer_len", "root", "repeats", "smoke", "solve",
+            "tune", "tune_block_v", "tune_num_warps", "tune_draft")
     if old.get("complete") or any(old.get(k) != result[k] for k in same) \
             or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):
         return set()
-    result["rows"], result["solve"] = old.get("rows", []), old.get("solve", [])
+    result["rows"], result["solve"], result["tiles"] = old.get("rows", []), old.get("solve", []), old.get("tiles", {})
     console.print(f"  resuming {out}: {len(result['rows'])} rows and {len(result['solve'])} solve points kept")
     return {(r["strategy"], r["draft"], r["batch"]) for r in result["rows"]}
 
@@ -393,13 +428,14 @@ def print_tables(console, result: dict[str, Any]) -> None:
                   f"{100 * r['verify_fraction_of_copy']:.0f}", f"{100 * r['commit_fraction_of_copy']:.0f}",
                   f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")
     console.print(t)
+    if result.get("tiles"):
+        console.print("tiles (value columns per program, warps): " + ", ".join(
+            f"{n} {t['block_v']}/{t['num_warps']}" for n, t in result["tiles"].items()))
     s = make_table(f"TreeWY's triangular solve vs N (chains, batch {result['solve'][0]['batch']}, one layer)",
-                   ["N", "treewy verify us", "without solve us", "solve us (substitution)", "solve us (doubling)",
-                    "store_all verify us"], left=1)
+                   ["N", "treewy verify us", "without solve us", "solve us", "store_all verify us"], left=1)
     for r in result["solve"]:
         s.add_row(str(r["nodes"]), f"{1e6 * r['treewy_verify_s']:.1f}", f"{1e6 * r['treewy_verify_nosolve_s']:.1f}",
-                  f"{1e6 * r['solve_s']:.1f}", f"{1e6 * r.get('solve_doubling_s', float('nan')):.1f}",
-                  f"{1e6 * r['store_all_verify_s']:.1f}")
+                  f"{1e6 * r['solve_s']:.1f}", f"{1e6 * r['store_all_verify_s']:.1f}")
     console.print(s)
     for f in result.get("failed", []):
         console.print(f"[red]not measured[/]: {f['strategy']} {f['draft']} batch {f['batch']}: {f['reason']} "

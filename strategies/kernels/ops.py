@@ -1,8 +1,9 @@
 """The strategies on Triton kernels: the torch classes' contract, memory accounting and checks,
 with verify and commit launched as the kernels in :mod:`.triton_kernels`.
 
-``block_v`` is the value-column tile (16/32/64); ``inplace`` lets commit overwrite the state it is
-given, as an engine does (off by default: the contract's callers may still hold that tensor).
+``block_v`` is the value-column tile (16/32/64/128; 64, the fastest for every strategy on the H200 at
+batch 256, is the default); ``inplace`` lets commit overwrite the state it is given, as an engine does
+(off by default: the contract's callers may still hold that tensor).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from . import triton_kernels as tk
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NO_SKIP = 1 << 30
-SOLVES = {"none": 0, "substitution": 1, "doubling": 2}   # TreeWY's triangular solve, as the kernel's SOLVE
+SOLVES = {"none": 0, "substitution": 1}   # TreeWY's triangular solve, as the kernel's SOLVE
 
 
 @lru_cache(maxsize=256)
@@ -44,7 +45,7 @@ def _check_dtype(x: torch.Tensor, name: str) -> None:
 class _Tiles:
     mixed_dtypes = True   # an fp32 state with bf16 inputs, as vLLM runs Qwen3.5
 
-    def __init__(self, block_v: int = 32, num_warps: int = 4):
+    def __init__(self, block_v: int = 64, num_warps: int = 4):
         if block_v not in (16, 32, 64, 128):
             raise ValueError(f"block_v={block_v}: use 16, 32, 64 or 128 value columns per program")
         self.block_v, self.num_warps = int(block_v), int(num_warps)
@@ -60,13 +61,25 @@ def _c(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x.contiguous() for x in xs]
 
 
+def grams(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TreeWY's per-key-head Gram matrices ``k_tᵀk_i`` and ``q_tᵀk_i``, ``[B, H, N, N]`` float32, from
+    q, k ``[B, N, H, K]``: two batched matmuls (bf16 products are exact in fp32), so the verify kernel
+    spends no registers or reductions on them, and its value tiles do not each recompute them."""
+    # An engine may allow TF32 matmuls (10-bit mantissas): then take the products in float64.
+    exact = torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+    dt = torch.float32 if exact else torch.float64
+    kf, qf = k.to(dt).transpose(1, 2), q.to(dt).transpose(1, 2)      # [B, H, N, K]
+    kT = kf.transpose(-1, -2)
+    return (torch.matmul(kf, kT).float().contiguous(), torch.matmul(qf, kT).float().contiguous())
+
+
 class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
     """``treewy`` on Triton. Stash: ``v_tilde [B, N, HV, V]`` and ``G [B, N, HV]`` float32, ``k``."""
 
-    def __init__(self, block_v: int = 32, num_warps: int = 4, inplace: bool = False,
+    def __init__(self, block_v: int = 64, num_warps: int = 4, inplace: bool = False,
                  solve: str | bool = "substitution"):
-        """``solve``: ``substitution`` (N dependent steps), ``doubling`` (log2 N levels of products),
-        or ``none``/False (skip it: wrong results, for timing the solve)."""
+        """``solve``: ``substitution`` (node by node, over each node's ancestors), or ``none``/False
+        (skip it: wrong results, for timing the solve)."""
         _Tiles.__init__(self, block_v, num_warps)
         self.inplace = bool(inplace)
         if isinstance(solve, bool):
@@ -76,8 +89,7 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         self.solve = solve
 
     def _solve_args(self, N: int) -> dict[str, int]:
-        BN = tk.next_pow2(N)
-        return {"BN": BN, "SOLVE": SOLVES[self.solve], "LOG2BN": BN.bit_length() - 1}
+        return {"BN": tk.next_pow2(N), "SOLVE": SOLVES[self.solve]}
 
     @staticmethod
     def _outputs(s: StepShape, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -92,17 +104,16 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         h0, q, k, v, g, beta = _c(carry, q, k, v, g, beta)
         o, vt, G, kst = self._outputs(s, k)
         tk.treewy_verify[self.grid(s)](
-            h0, q, k, v, g, beta, anc, o, vt, G, kst, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
+            h0, q, k, v, g, beta, anc, *grams(q, k), o, vt, G, kst, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
             BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps, **self._solve_args(s.N))
         return Verified(o.to(q.dtype), tree, s, {"v_tilde": vt, "k": kst, "G": G})
 
     def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> torch.Tensor:
         s, st = verified.shape, verified.stash
-        anc, _ = _tree_meta(verified.tree, str(carry.device))
+        _, par = _tree_meta(verified.tree, str(carry.device))
         h0 = carry.contiguous()
         out = h0 if self.inplace else torch.empty_like(h0)
-        onpath = anc[accepted.clamp(min=0)]
-        rebuild(h0, out, st["k"], st["v_tilde"], st["G"], onpath, accepted, s, self, cumsum=False,
+        rebuild(h0, out, st["k"], st["v_tilde"], st["G"], par, accepted, s, self, cumsum=False,
                 store_all=not self.inplace)
         return out
 
@@ -127,25 +138,26 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         if pages is None:
             pages = torch.arange(s.B, dtype=torch.int32, device=state.device)
         anc, _ = _tree_meta(tree, str(state.device))
-        panc, _ = _tree_meta(prev.tree, str(state.device))
+        _, ppar = _tree_meta(prev.tree, str(state.device))
         q, k, v, g, beta = _c(q, k, v, g, beta)
         pk, pvt, pG = _c(prev.stash["k"], prev.stash["v_tilde"], prev.stash["G"])
         o, vt, G, kst = self._outputs(s, k)
         tk.treewy_step[self.grid(s)](
-            state, pages.to(torch.int32), *state.stride(), pk, pvt, pG, panc, acc.to(torch.int32), prev.shape.N,
-            q, k, v, g, beta, anc, o, vt, G, kst,
-            scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V, BNP=tk.next_pow2(prev.shape.N),
-            BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps, **self._solve_args(s.N))
+            state, pages.to(torch.int32), *state.stride(), pk, pvt, pG, ppar, acc.to(torch.int32), prev.shape.N,
+            q, k, v, g, beta, anc, *grams(q, k), o, vt, G, kst,
+            scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V, BK=tk.next_pow2(s.K), BV=self.bv(s),
+            num_warps=self.num_warps, **self._solve_args(s.N))
         return Verified(o.to(q.dtype), tree, s, {"v_tilde": vt, "k": kst, "G": G})
 
 
-def rebuild(h0, out, k, u, G, onpath, end, s: StepShape, tiles: _Tiles, cumsum: bool, store_all: bool) -> None:
-    """Launch :func:`.triton_kernels.rebuild` over ``M = onpath.shape[1]`` tokens (see there)."""
-    M = onpath.shape[1]
+def rebuild(h0, out, k, u, G, par, end, s: StepShape, tiles: _Tiles, cumsum: bool, store_all: bool) -> None:
+    """Launch :func:`.triton_kernels.rebuild` over the ``M = k.shape[1]`` stashed tokens (see there):
+    along a tree's parents ``par [M]`` (int32) to ``end [B]``, or with ``cumsum`` the prefix to it."""
+    M = k.shape[1]
     k, u, G = _c(k, u, G)   # stash views (a paged stash split into Ṽ, k, G) arrive strided
     tk.rebuild[tiles.grid(s)](
-        h0, out, k, u, G, onpath.to(torch.int8).contiguous(), end.to(torch.int32).contiguous(), M,
-        H=s.H, HV=s.HV, K=s.K, V=s.V, BM=tk.next_pow2(M), BK=tk.next_pow2(s.K), BV=tiles.bv(s),
+        h0, out, k, u, G, par.to(torch.int32).contiguous(), end.to(torch.int32).contiguous(), M,
+        H=s.H, HV=s.HV, K=s.K, V=s.V, BK=tk.next_pow2(s.K), BV=tiles.bv(s),
         CUMSUM=cumsum, STORE_ALL=store_all, num_warps=tiles.num_warps)
 
 
@@ -163,7 +175,7 @@ class StoreAllKernel(_Tiles, store_all_mod.StoreAll):
     """``store_all`` on Triton: verify writes a snapshot per node into ``N + 1`` slots per request
     (one more than vLLM's ``1 + k`` pages, so a step that accepts nothing keeps its state in place)."""
 
-    def __init__(self, block_v: int = 32, num_warps: int = 4):
+    def __init__(self, block_v: int = 64, num_warps: int = 4):
         _Tiles.__init__(self, block_v, num_warps)
 
     def start(self, state: torch.Tensor) -> Snapshots:
@@ -231,10 +243,8 @@ class KernelHistory(History):
     def _rebuild(self, h0, out, rows, store_all: bool) -> torch.Tensor:
         B, HV, K, V = self.checkpoint.shape
         s = StepShape(B, 0, self.k.shape[2], HV, K, V)
-        L = self.capacity
-        onpath = torch.arange(L, device=h0.device)[None, :] < self.length[:, None]
         end = torch.where(rows & (self.length > 0), self.length - 1, -1)
-        rebuild(h0, out, self.k.contiguous(), self.u.contiguous(), self.g.contiguous(), onpath, end, s,
+        rebuild(h0, out, self.k.contiguous(), self.u.contiguous(), self.g.contiguous(), end, end, s,  # par: unused
                 self.tiles, cumsum=True, store_all=store_all)
         return out
 
@@ -243,7 +253,7 @@ class ReplayKernel(_Tiles, replay_mod.Replay):
     """``replay`` on Triton: verify rebuilds the committed state from checkpoint + ring in registers
     and runs the draft chain from it; the flush rewrites the checkpoint with the same rebuild."""
 
-    def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN, block_v: int = 32, num_warps: int = 4):
+    def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN, block_v: int = 64, num_warps: int = 4):
         replay_mod.Replay.__init__(self, buffer_len)
         _Tiles.__init__(self, block_v, num_warps)
 
@@ -268,7 +278,7 @@ class ReplayKernel(_Tiles, replay_mod.Replay):
         tk.replay_verify[self.grid(s)](
             ckpt, carry.u.contiguous(), carry.k.contiguous(), carry.g.contiguous(), carry.length.to(torch.int32),
             L, q, k, v, g, beta, o, u, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
-            BL=tk.next_pow2(L), BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps)
+            BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps)
         return Verified(o.to(q.dtype), tree, s, {"u": u, "k": k, "g": g})
 
 

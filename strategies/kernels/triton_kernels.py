@@ -4,34 +4,51 @@ Layouts are the contract's, contiguous: state ``[B, HV, K, V]``, q/k ``[B, N, H,
 v ``[B, N, HV, V]``, g/beta ``[B, N, HV]`` (``treewy_step`` reads its state through a page index
 and strides, to work on vLLM's own pages). Grid: ``(B * HV, cdiv(V, BV))``; program
 ``(b·HV + hv, j)`` owns value columns ``[j·BV, (j+1)·BV)`` of request b's value head hv, which reads
-key head ``hv // (HV // H)``. ``BN``/``BM``/``BK`` are the node, token and key extents padded to
-powers of two >= 16 (``tl.dot``'s minimum).
+key head ``hv // (HV // H)``. ``BN``/``BK`` are the node and key extents padded to powers of two.
 """
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
+# Paired reductions (one tl.reduce over two operands, one shared-memory round trip) on the GPU; two
+# plain sums in Triton's CPU interpreter, which runs a tuple reduction's combine in Python, 5x slower.
+PAIRED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
 
 @triton.jit
-def _rebuild_tile(hh, k, u, G, path, e, b, hv, hk, om, ok, ov, mk, mv, M,
+def _rebuild_tile(hh, k, u, G, par, e, b, hv, hk, ok, ov, mk, mv, M,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CUMSUM: tl.constexpr):
     """``e^{G_e} hh + Σ_{i on path} e^{G_e - G_i} k_i ⊗ u_i`` for one state tile ``hh [BK, BV]``.
 
-    Tokens ``om`` of request b in k ``[B, M, H, K]``, u ``[B, M, HV, V]``, G ``[B, M, HV]`` (cumulative
-    log decays, or per-token ones summed here along a prefix path when ``CUMSUM``); e: the path's end.
-    Off-path tokens are never read."""
-    gl = tl.load(G + (b * M + om) * HV + hv, mask=path, other=0.).to(tl.float32)
+    Tokens of request b in k ``[B, M, H, K]``, u ``[B, M, HV, V]``, G ``[B, M, HV]``. ``CUMSUM``: G
+    holds per-token log decays and the path is the prefix ``0..e`` (replay's ring), applied as the
+    recurrence ``h = e^{g_i} h + k_i ⊗ u_i``; otherwise G is cumulative and the path is e and its
+    ancestors, walked up the parents ``par [M]`` (TreeWY's commit). One rank-1 update per path token:
+    a state tile and one token in registers, nothing else (no [M, K] tiles, no dots, no spills).
+    Off-path tokens are never read; ``e = -1`` leaves hh as it is."""
     if CUMSUM:
-        gl = tl.cumsum(gl, axis=0)
-    Ge = tl.sum(tl.where(om == e, gl, 0.), axis=0)
-    w = tl.where(path, tl.exp(Ge - tl.where(path, gl, 0.)), 0.)
-    kk = tl.load(k + ((b * M + om[:, None]) * H + hk) * K + ok[None, :],
-                 mask=path[:, None] & mk[None, :], other=0.).to(tl.float32)
-    uu = tl.load(u + ((b * M + om[:, None]) * HV + hv) * V + ov[None, :],
-                 mask=path[:, None] & mv[None, :], other=0.).to(tl.float32)
-    return tl.exp(Ge) * hh + tl.dot(tl.trans(kk * w[:, None]), uu, input_precision="ieee")
+        for i in range(e + 1):
+            r = b * M + i
+            kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+            ut = tl.load(u + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
+            hh = tl.exp(tl.load(G + r * HV + hv).to(tl.float32)) * hh + kt[:, None] * ut[None, :]
+    else:
+        if e >= 0:
+            Ge = tl.load(G + (b * M + e) * HV + hv).to(tl.float32)
+            hh = tl.exp(Ge) * hh
+            i = e
+            while i >= 0:
+                r = b * M + i
+                kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+                ut = tl.load(u + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
+                w = tl.exp(Ge - tl.load(G + r * HV + hv).to(tl.float32))
+                hh = hh + (w * kt)[:, None] * ut[None, :]
+                i = tl.load(par + i)
+    return hh
 
 
 @triton.jit
@@ -51,72 +68,84 @@ def _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv,
 
 
 @triton.jit
-def _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 BN: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr, LOG2BN: tl.constexpr):
-    """TreeWY's verify of one value tile from the state tile ``hh [BK, BV]`` (float32, in registers):
-    the outputs, Ṽ, G and k of every node (see :func:`treewy_verify`)."""
-    on = tl.arange(0, BN)
-    mn = on < N
-    row = b * N + on
-    ancm = tl.load(anc + on[:, None] * N + on[None, :], mask=mn[:, None] & mn[None, :], other=0) != 0
-    strict = ancm & (on[:, None] != on[None, :])
-    mnk = mn[:, None] & mk[None, :]
-    mnv = mn[:, None] & mv[None, :]
-    kk = tl.load(k + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
-    qq = tl.load(q + (row[:, None] * H + hk) * K + ok[None, :], mask=mnk, other=0.).to(tl.float32)
-    vv = tl.load(v + (row[:, None] * HV + hv) * V + ov[None, :], mask=mnv, other=0.).to(tl.float32)
-    gg = tl.load(g + row * HV + hv, mask=mn, other=0.).to(tl.float32)
-    bb = tl.load(beta + row * HV + hv, mask=mn, other=0.).to(tl.float32)
-
-    G = tl.sum(tl.where(ancm, gg[None, :], 0.), axis=1)                 # [BN] cumulative log decay
-    # Zero the exponent off the ancestor pattern first: e^{G_t - G_i} can overflow there.
-    dec = tl.where(ancm, tl.exp(tl.where(ancm, G[:, None] - G[None, :], 0.)), 0.)
-    gram = tl.dot(kk, tl.trans(kk), input_precision="ieee")
-    A = bb[:, None] * tl.where(strict, dec, 0.) * gram                  # strictly lower triangular
-    eG = tl.exp(G)
-    R = bb[:, None] * (vv - eG[:, None] * tl.dot(kk, hh, input_precision="ieee"))
-    if SOLVE == 1:
-        # Forward substitution (I + A) Ṽ = R, one node per iteration: preorder puts ancestors first.
-        x = tl.zeros([BN, BV], dtype=tl.float32)
-        for t in range(N):
-            sel = on[:, None] == t
-            a_t = tl.sum(tl.where(sel, A, 0.), axis=0)                  # row t of A, over i
-            r_t = tl.sum(tl.where(sel, R, 0.), axis=0)
-            x = tl.where(sel, (r_t - tl.sum(a_t[:, None] * x, axis=0))[None, :], x)
-    elif SOLVE == 2:
-        # Doubling: A is nilpotent (A^BN = 0), so (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: log2(BN)
-        # levels of two [BN, BN] products instead of N dependent steps; then one product with R.
-        P = -A
-        T = tl.where(on[:, None] == on[None, :], 1., 0.) + P
-        for _ in tl.static_range(LOG2BN - 1):
-            P = tl.dot(P, P, input_precision="ieee")
-            T = T + tl.dot(T, P, input_precision="ieee")
-        x = tl.dot(T, R, input_precision="ieee")
-    else:
-        x = R
-    W = dec * tl.dot(qq, tl.trans(kk), input_precision="ieee")
-    out = scale * (eG[:, None] * tl.dot(qq, hh, input_precision="ieee") + tl.dot(W, x, input_precision="ieee"))
-    tl.store(o + (row[:, None] * HV + hv) * V + ov[None, :], out, mask=mnv)
-    tl.store(vt + (row[:, None] * HV + hv) * V + ov[None, :], x, mask=mnv)
-    if i_v == 0:
-        tl.store(Gout + row * HV + hv, G, mask=mn)
-        if hv % (HV // H) == 0:
-            tl.store(kst + (row[:, None] * H + hk) * K + ok[None, :], kk.to(kst.dtype.element_ty), mask=mnk)
+def _add2(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
 
 
 @triton.jit
-def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
+def _verify_tile(hh, q, k, v, g, beta, anc, gram, qk, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BN: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
+    """TreeWY's verify of one value tile from the state tile ``hh [BK, BV]`` (float32, in registers):
+    the outputs, Ṽ, G and k of every node (see :func:`treewy_verify`).
+
+    One pass over the nodes in preorder (ancestors first), node t:
+    ``R_t = β_t (v_t - e^{G_t} hᵀk_t)``, the solve row ``Ṽ_t = R_t - Σ_{i ≺ t} A_ti Ṽ_i`` with
+    ``A_ti = β_t e^{G_t - G_i} k_tᵀk_i``, and ``o_t = scale (e^{G_t} hᵀq_t + Σ_{i ⪯ t} e^{G_t - G_i} q_tᵀk_i Ṽ_i)``.
+    The Gram rows k_tᵀk_i and q_tᵀk_i come precomputed (``gram``, ``qk`` ``[B, H, N, N]`` float32);
+    per node, two paired reductions: ``(hᵀk_t, hᵀq_t)`` over the state tile and the two sums over the
+    Ṽ rows ``[BN, BV]`` kept in registers. No dots: Triton's fp32 dots of these shapes spill hundreds
+    of registers per thread, and the per-node loop is what an H200 runs fastest here."""
+    on = tl.arange(0, BN)
+    mn = on < N
+    row = b * N + on
+    gg = tl.load(g + row * HV + hv, mask=mn, other=0.).to(tl.float32)
+    Gv = tl.zeros([BN], dtype=tl.float32)               # cumulative log decays, filled in preorder
+    x = tl.zeros([BN, BV], dtype=tl.float32)            # Ṽ of the nodes done so far
+    keep_k = (i_v == 0) & (hv % (HV // H) == 0)        # one program per key head writes the k stash
+    for t in range(N):
+        r = b * N + t
+        kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.)
+        qt = tl.load(q + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+        if keep_k:
+            tl.store(kst + (r * H + hk) * K + ok, kt.to(kst.dtype.element_ty), mask=mk)
+        kt = kt.to(tl.float32)
+        vv = tl.load(v + (r * HV + hv) * V + ov, mask=mv, other=0.).to(tl.float32)
+        bt = tl.load(beta + r * HV + hv).to(tl.float32)
+        grow = ((b * H + hk) * N + t) * N + on
+        anc_t = (tl.load(anc + t * N + on, mask=mn, other=0) != 0)
+        Gt = tl.sum(tl.where(anc_t, gg, 0.), axis=0)
+        Gv = tl.where(on == t, Gt, Gv)
+        strict = anc_t & (on != t)
+        # Zero the exponent off the ancestors first: e^{G_t - G_i} can overflow there.
+        dec = tl.where(strict, tl.exp(tl.where(strict, Gt - Gv, 0.)), 0.)
+        eG = tl.exp(Gt)
+        if PAIRED:
+            kh, qh = tl.reduce((hh * kt[:, None], hh * qt[:, None]), 0, _add2)
+        else:
+            kh, qh = tl.sum(hh * kt[:, None], axis=0), tl.sum(hh * qt[:, None], axis=0)
+        R = bt * (vv - eG * kh)
+        w_t = dec * tl.load(qk + grow, mask=mn, other=0.)
+        if SOLVE == 1:
+            a_t = bt * dec * tl.load(gram + grow, mask=mn, other=0.)
+            if PAIRED:
+                ax, wx = tl.reduce((a_t[:, None] * x, w_t[:, None] * x), 0, _add2)
+            else:
+                ax, wx = tl.sum(a_t[:, None] * x, axis=0), tl.sum(w_t[:, None] * x, axis=0)
+            xt = R - ax
+        else:
+            xt = R
+            wx = tl.sum(w_t[:, None] * x, axis=0)
+        qk_tt = tl.load(qk + ((b * H + hk) * N + t) * N + t)
+        ot = scale * (eG * qh + wx + qk_tt * xt)
+        x = tl.where(on[:, None] == t, xt[None, :], x)
+        tl.store(o + (r * HV + hv) * V + ov, ot, mask=mv)
+        tl.store(vt + (r * HV + hv) * V + ov, xt, mask=mv)
+    if i_v == 0:
+        tl.store(Gout + row * HV + hv, Gv, mask=mn)
+
+
+@triton.jit
+def treewy_verify(h0, q, k, v, g, beta, anc, gram, qk, o, vt, Gout, kst, scale, N,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr,
-                  LOG2BN: tl.constexpr):
+                  BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
     """Outputs and pseudo-values of every node from ``h0`` (read once, never written).
 
-    anc ``[N, N]`` int8: inclusive ancestor mask (``anc[t, i]``: i is on t's path). Writes o and
+    anc ``[N, N]`` int8: inclusive ancestor mask (``anc[t, i]``: i is on t's path); gram and qk
+    ``[B, H, N, N]`` float32: ``k_tᵀk_i`` and ``q_tᵀk_i`` per key head (see ``ops.grams``). Writes o and
     vt (``Ṽ``) ``[B, N, HV, V]`` float32, Gout ``[B, N, HV]`` float32 (cumulative log decay), and
     kst ``[B, N, H, K]`` (the keys, kept for commit; written by one program per key head).
-    ``SOLVE``: 1 forward substitution, 2 doubling (log-depth products), 0 none (``Ṽ = R``: the
-    benchmark's measure of the solve's cost). ``LOG2BN = log2(BN)``.
+    ``SOLVE``: 1 forward substitution, 0 none (``Ṽ = R``: the benchmark's measure of the solve's cost).
     """
     i_bh = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -129,23 +158,22 @@ def treewy_verify(h0, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N,
     mv = ov < V
     hh = tl.load(h0 + (i_bh * K + ok[:, None]) * V + ov[None, :],
                  mask=mk[:, None] & mv[None, :], other=0.).to(tl.float32)
-    _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
-                 H, HV, K, V, BN, BV, SOLVE, LOG2BN)
+    _verify_tile(hh, q, k, v, g, beta, anc, gram, qk, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
+                 H, HV, K, V, BN, BV, SOLVE)
 
 
 @triton.jit
-def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, panc, acc, Np, q, k, v, g, beta, anc, o, vt, Gout,
+def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, ppar, acc, Np, q, k, v, g, beta, anc, gram, qk, o, vt, Gout,
                 kst, scale, N, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BNP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr,
-                LOG2BN: tl.constexpr):
+                BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SOLVE: tl.constexpr):
     """One engine step fused: commit the previous verify, then verify the new draft from the result.
 
     Request b's state is ``h[pages[b]]``, element (hv, k, v) at ``hv·s_h + k·s_k + v·s_v`` from the
     page (strides in elements: vLLM's pages are V-major, read here as [HV, K, V] without a copy).
     Reads h0 once and writes ``h_a`` over it once (rows with ``acc[b] = -1`` are left as they are): two
     states' worth of bytes per request and layer, plus the stashes. The previous stash pk
-    ``[B, Np, H, K]``, pvt ``[B, Np, HV, V]``, pG ``[B, Np, HV]`` with inclusive ancestor mask panc
-    ``[Np, Np]``; the new one goes to kst/vt/Gout, which must not alias it (other programs still read it).
+    ``[B, Np, H, K]``, pvt ``[B, Np, HV, V]``, pG ``[B, Np, HV]`` with the previous tree's parents ppar
+    ``[Np]``; the new one goes to kst/vt/Gout, which must not alias it (other programs still read it).
     """
     i_bh = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -161,35 +189,32 @@ def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, panc, acc, Np, q, k, 
     tile = page * s_p + hv * s_h + ok[:, None] * s_k + ov[None, :] * s_v
     hh = tl.load(h + tile, mask=m2, other=0.).to(tl.float32)
     # -- commit: h_a = e^{G_a} h0 + Σ_{i ⪯ a} e^{G_a - G_i} k_i ⊗ ṽ_i over the previous tree --------
-    op = tl.arange(0, BNP)
     a = tl.load(acc + b)
-    path = (tl.load(panc + a * Np + op, mask=(op < Np) & ((op * 0 + a) >= 0), other=0) != 0)
-    hh = _rebuild_tile(hh, pk, pvt, pG, path, a, b, hv, hk, op, ok, ov, mk, mv, Np, H, HV, K, V, False)
+    hh = _rebuild_tile(hh, pk, pvt, pG, ppar, a, b, hv, hk, ok, ov, mk, mv, Np, H, HV, K, V, False)
     tl.store(h + tile, hh.to(h.dtype.element_ty), mask=m2 & ((ok * 0 + a) >= 0)[:, None])
     # -- verify the new draft from h_a ----------------------------------------------------------------
-    _verify_tile(hh, q, k, v, g, beta, anc, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
-                 H, HV, K, V, BN, BV, SOLVE, LOG2BN)
+    _verify_tile(hh, q, k, v, g, beta, anc, gram, qk, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
+                 H, HV, K, V, BN, BV, SOLVE)
 
 
 @triton.jit
-def rebuild(h0, out, k, u, G, onpath, end, M,
+def rebuild(h0, out, k, u, G, par, end, M,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-            BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+            BK: tl.constexpr, BV: tl.constexpr,
             CUMSUM: tl.constexpr, STORE_ALL: tl.constexpr):
     """``out = e^{G_e} h0 + Σ_{i on path} e^{G_e - G_i} k_i ⊗ u_i`` per request (TreeWY's commit,
     the deferred flush). ``out`` may be ``h0`` (in place).
 
-    k ``[B, M, H, K]``, u ``[B, M, HV, V]``, G ``[B, M, HV]``: cumulative log decays, or per-token
-    ones summed here along the path when ``CUMSUM`` (the path is then a prefix). onpath ``[B, M]``
-    int8, end ``[B]`` int32: the path's last index, -1 = nothing (out = h0; with ``STORE_ALL=False``
-    such rows are not written at all, nor are their k and u read).
+    k ``[B, M, H, K]``, u ``[B, M, HV, V]``, G ``[B, M, HV]``: cumulative log decays with the tree's
+    parents par ``[M]`` int32 (the path: end and its ancestors), or with ``CUMSUM`` per-token ones
+    over the prefix ``0..end`` (par unused). end ``[B]`` int32: the path's last index, -1 = nothing
+    (out = h0; with ``STORE_ALL=False`` such rows are not written at all, nor are their k and u read).
     """
     i_bh = tl.program_id(0)
     i_v = tl.program_id(1)
     b = i_bh // HV
     hv = i_bh % HV
     hk = hv // (HV // H)
-    om = tl.arange(0, BM)
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     mk = ok < K
@@ -197,13 +222,12 @@ def rebuild(h0, out, k, u, G, onpath, end, M,
     e = tl.load(end + b)
     # Scalar conditions enter masks as vectors (Triton's interpreter rejects bool-tensor & bool-scalar).
     has_k = (ok * 0 + e) >= 0
-    path = (tl.load(onpath + b * M + om, mask=om < M, other=0) != 0) & ((om * 0 + e) >= 0)
     m2 = mk[:, None] & mv[None, :]
     if not STORE_ALL:
         m2 = m2 & has_k[:, None]
     tile = (i_bh * K + ok[:, None]) * V + ov[None, :]
     hh = tl.load(h0 + tile, mask=m2, other=0.).to(tl.float32)
-    hn = _rebuild_tile(hh, k, u, G, path, e, b, hv, hk, om, ok, ov, mk, mv, M, H, HV, K, V, CUMSUM)
+    hn = _rebuild_tile(hh, k, u, G, par, e, b, hv, hk, ok, ov, mk, mv, M, H, HV, K, V, CUMSUM)
     tl.store(out + tile, hn.to(out.dtype.element_ty), mask=m2)
 
 
@@ -256,7 +280,7 @@ def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, be
 @triton.jit
 def replay_verify(ckpt, ru, rk, rg, length, L, q, k, v, g, beta, o, ust, scale, N,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                  BK: tl.constexpr, BV: tl.constexpr):
     """ReplaySSM's verify: rebuild the committed state from the checkpoint and the ring of the
     ``length[b]`` tokens accepted since (never written back), then run the draft chain from it.
 
@@ -268,7 +292,6 @@ def replay_verify(ckpt, ru, rk, rg, length, L, q, k, v, g, beta, o, ust, scale, 
     b = i_bh // HV
     hv = i_bh % HV
     hk = hv // (HV // H)
-    ol = tl.arange(0, BL)
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     mk = ok < K
@@ -276,7 +299,7 @@ def replay_verify(ckpt, ru, rk, rg, length, L, q, k, v, g, beta, o, ust, scale, 
     m2 = mk[:, None] & mv[None, :]
     n = tl.load(length + b)
     h = tl.load(ckpt + (i_bh * K + ok[:, None]) * V + ov[None, :], mask=m2, other=0.).to(tl.float32)
-    h = _rebuild_tile(h, rk, ru, rg, ol < n, n - 1, b, hv, hk, ol, ok, ov, mk, mv, L, H, HV, K, V, True)
+    h = _rebuild_tile(h, rk, ru, rg, length, n - 1, b, hv, hk, ok, ov, mk, mv, L, H, HV, K, V, True)
     for t in range(N):
         r = b * N + t
         h, u, ot = _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv, H, HV, K, V)
