@@ -188,3 +188,32 @@ def test_h200_anchor_table_within_25_percent():
         assert abs(got / want - 1) < 0.25, f"concurrency {c}: {got:.2f} vs {want}"
     _, base = run("store_all", tree=None, c=256, n=600)
     assert base["max_running"] == 216
+
+
+# -- tensor parallelism ------------------------------------------------------------
+
+def test_397b_fits_only_split_over_gpus_and_tp_runs_through_the_engine():
+    """Qwen3.5-397B-A17B's ~740 GiB of weights leave no pool on one H200 (a clear error); over 8 each GPU
+    holds 1/8 of the weights and of every state page, and treewy's single page admits more requests."""
+    m397 = load_model("qwen35_397b")
+    with pytest.raises(ValueError, match="leaves no KV memory"):
+        build_pool(m397, H200, "store_all", CHAIN3, 0.9, CFG)
+    sa = build_pool(m397, H200, "store_all", CHAIN3, 0.9, CFG, tp=8)
+    tw = build_pool(m397, H200, "treewy", CHAIN3, 0.9, CFG, tp=8)
+    assert sa.weight_bytes == m397.weight_bytes(mtp=True) // 8
+    full = [p.num_blocks // p.plan.blocks_per_request(4096) for p in (sa, tw)]   # 4096-token requests
+    assert 0 < full[0] < full[1]
+    cfg = {**CFG, "tensor_parallel_size": 8}
+    res, m = run("treewy", model=m397, gmu=0.9, n=64, c=8, cfg=cfg)
+    assert m["completed"] == 64 and res.telemetry["num_blocks"] == tw.num_blocks
+
+
+def test_vllm_server_gets_the_tensor_parallel_size_and_multicast_off():
+    from harness.engines.vllm.engine import settings_for
+
+    vcfg = yaml.safe_load((ROOT / "conf" / "engine" / "vllm.yaml").read_text())
+    one = settings_for(point(), vcfg, Path("/models/x"))
+    assert "--tensor-parallel-size" not in one.argv(8000, "m") and "NCCL_NVLS_ENABLE" not in dict(one.env)
+    two = settings_for(point(), {**vcfg, "tensor_parallel_size": 2}, Path("/models/x"))
+    argv = two.argv(8000, "m")
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and dict(two.env)["NCCL_NVLS_ENABLE"] == "0"

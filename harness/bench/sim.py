@@ -1,4 +1,4 @@
-"""``python -m harness bench sim``: the paper's 35B grid on the simulator, every strategy, timed.
+"""``python -m harness bench sim``: the paper's 35B or 397B grid (``scale``) on the simulator, every strategy, timed.
 
 Points run in parallel processes (``processes``); the wall time printed is this machine's.
 Memory-bound points are classified from the baseline's telemetry; the ratios are split by regime
@@ -64,8 +64,10 @@ def run(cfg: DictConfig) -> int:
     _STATE.update(cfg=OmegaConf.to_container(cfg, resolve=True), model=load_model(cfg.model),
                   gpu=GPUSpec.from_config(OmegaConf.to_container(cfg.gpu, resolve=True)), pools=_load_pools(cfg))
     keys = [(w, g, c, s) for w in cfg.workloads for g in cfg.gmu for c in cfg.concurrency for s in cfg.strategies]
-    console.print(f"[bold]bench sim[/] (engine: sim, mode {cfg.engine.mode}): {cfg.model.display_name} on "
-                  f"{cfg.gpu.name}, {len(keys) // len(cfg.strategies)} points x {len(cfg.strategies)} strategies, "
+    tp = int(cfg.engine.get("tensor_parallel_size", 1))
+    gpus = f"{tp} x {cfg.gpu.name}" if tp > 1 else cfg.gpu.name
+    console.print(f"[bold]bench sim[/] (engine: sim, mode {cfg.engine.mode}): {cfg.model.display_name} on {gpus}, "
+                  f"{len(keys) // len(cfg.strategies)} points x {len(cfg.strategies)} strategies, "
                   f"{cfg.processes} processes")
     results: dict[tuple, dict] = {}
     with mp.get_context("fork").Pool(int(cfg.processes)) as pool:
@@ -93,9 +95,11 @@ def run(cfg: DictConfig) -> int:
             table.add_row(s, regime, str(len(sel)), *[_fmt(row[n]) for n in RATIOS])
     console.print(table)
     paper = cfg.paper
-    console.print(f"memory-bound points ({cfg.baseline}): {n_bound}/{len(points)} (paper, 35B on B200 incl. BurstGPT: "
-                  f"{paper.memory_bound}); paper's treewy ratios there: throughput {paper.throughput}x, p99 TTFT "
-                  f"{paper.p99_ttft}x lower, mean E2E {paper.mean_e2e}x lower, TPOT {paper.tpot}x")
+    theirs = [f"throughput {paper.throughput}x", f"p99 TTFT {paper.p99_ttft}x lower"]
+    theirs += [f"mean E2E {paper.mean_e2e}x lower"] if paper.get("mean_e2e") else []
+    theirs += [f"TPOT {paper.tpot}x"] if paper.get("tpot") else []
+    console.print(f"memory-bound points ({cfg.baseline}): {n_bound}/{len(points)} (paper, {paper.label}: "
+                  f"{paper.memory_bound}); paper's treewy ratios there: {', '.join(theirs)}")
     console.print(f"wall time: {wall:.1f} s for {len(keys)} simulated runs on this machine")
     if cfg.out:
         out = Path(str(cfg.out))

@@ -43,7 +43,8 @@ class _Run:
         self.cfg = cfg
         tree = point.tree
         buffer_len = int(cfg.get("buffer_len", 16))
-        self.pool = build_pool(point.model, point.gpu, point.strategy, tree, point.gmu, cfg, buffer_len,
+        tp = int(cfg.get("tensor_parallel_size", 1))     # per-GPU pool and weights; the step spans tp GPUs
+        self.pool = build_pool(point.model, point.gpu, point.strategy, tree, point.gmu, cfg, buffer_len, tp=tp,
                                kv_cache_bytes=point.kv_cache_bytes)
         plan = self.pool.plan
         self.bs, self.attn_groups = plan.block_size, plan.attention_groups
@@ -55,7 +56,7 @@ class _Run:
         self.lookahead = self.depth
         self.acc = Acceptance(rates_for(tree, cfg["acceptance"]) if tree is not None else np.zeros(0), point.seed)
         self.step = build_step_model(point.model, point.gpu, point.strategy, tree, self.acc.mean_length, cfg,
-                                     buffer_len)
+                                     buffer_len, tp=tp)
         self.horizon = int(cfg.get("horizon_steps", 64))
         n = len(point.requests)
         self.prompt = np.array([r.prompt_len for r in point.requests], dtype=np.int64)

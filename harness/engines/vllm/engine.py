@@ -74,8 +74,12 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
             from ..sim.acceptance import rates_for
 
             rates = tuple(float(r) for r in rates_for(tree, cfg["acceptance"]))
-    env = tuple(sorted((str(k), str(v)) for k, v in (cfg.get("env") or {}).items()))
-    return ServerSettings(
+    env_map = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()}
+    tp = int(cfg.get("tensor_parallel_size") or 1)
+    if tp > 1:
+        env_map.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast off: the GPU hosts require it
+    env = tuple(sorted(env_map.items()))
+    return ServerSettings(tensor_parallel_size=tp,
         model_dir=str(model_dir), strategy=point.strategy if tree is not None else "store_all",
         buffer_len=int(cfg.get("buffer_len", 16)), num_spec=num_spec, acceptance_rates=rates,
         gmu=None if cfg.get("kv_cache_bytes") else point.gmu,

@@ -75,6 +75,7 @@ class ServerSettings:
     cudagraph_mode: str | None = "PIECEWISE"   # the plugin's torch path runs outside CUDA graphs
     language_model_only: bool = False          # Qwen3.5 checkpoints are multimodal: skip the vision tower
     gdn_prefill_backend: str | None = None     # "triton" on Hopper with vLLM 0.26 (no FlashInfer staged)
+    tensor_parallel_size: int = 1
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 
@@ -94,6 +95,8 @@ class ServerSettings:
             a.append("--language-model-only")
         if self.gdn_prefill_backend:
             a += ["--gdn-prefill-backend", self.gdn_prefill_backend]
+        if self.tensor_parallel_size > 1:
+            a += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.enforce_eager:
             a.append("--enforce-eager")
         elif self.cudagraph_mode:
