@@ -76,7 +76,7 @@ def solve_vs_nodes(result: dict[str, Any]) -> plt.Figure:
     ax.plot(n, [1e6 * r["treewy_verify_nosolve_s"] for r in rows], marker="o", ls="--", color=COLORS["treewy"],
             label="treewy verify without the solve")
     ax.plot(n, [1e6 * r["solve_s"] for r in rows], marker="s", color="#ff7f0e", label="the solve (substitution)")
-    if all("solve_doubling_s" in r for r in rows):
+    if all("solve_doubling_s" in r for r in rows):   # results of 598b26b's kernels, which had a doubling solve
         ax.plot(n, [1e6 * r["solve_doubling_s"] for r in rows], marker="s", ls=":", color="#ff7f0e",
                 label="the solve (doubling)")
     ax.plot(n, [1e6 * r["store_all_verify_s"] for r in rows], marker="o", color=COLORS["store_all"],

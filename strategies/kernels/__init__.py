@@ -16,8 +16,10 @@ Triton before).
 Every kernel runs one program per (request, value head, tile of ``BV`` value columns): a value
 column's pseudo-values, outputs and state depend on the other columns only through the keys,
 so tiling V splits the work without communication. The state tile ``[K, BV]`` lives in registers.
-Arithmetic is float32 (``tl.dot`` with ``input_precision="ieee"``: TF32 would miss the 1e-5 bound);
-the state keeps its dtype in memory (fp32 as vLLM holds it for Qwen3.5, or bf16).
+Arithmetic is float32 on CUDA cores, per node or per token (reductions and rank-1 updates, no
+``tl.dot``: TF32 would miss the 1e-5 bound, and Triton's fp32 "ieee" dots of these shapes spill — see
+results/kernels/README.md); TreeWY's Gram rows come from fp32 batched matmuls. The state keeps its
+dtype in memory (fp32 as vLLM holds it for Qwen3.5, or bf16).
 """
 
 from __future__ import annotations
