@@ -20,6 +20,23 @@ PAIRED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 
 @triton.jit
+def _tile(H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+          BV: tl.constexpr, WIDE: tl.constexpr):
+    """This program's place in the grid (see the module docstring): ``i_bh = b·HV + hv``, the value
+    tile ``i_v``, request b, value head hv, its key head hk, the key and value offsets ok/ov and their
+    masks mk/mv. ``WIDE``: 64-bit indices, for offsets past 2^31 elements."""
+    i_bh = tl.program_id(0)
+    if WIDE:
+        i_bh = i_bh.to(tl.int64)
+    i_v = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    return i_bh, i_v, b, hv, hv // (HV // H), ok, ov, ok < K, ov < V
+
+
+@triton.jit
 def _rebuild_tile(hh, k, u, G, par, e, b, hv, hk, ok, ov, mk, mv, M,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CUMSUM: tl.constexpr):
     """``e^{G_e} hh + Σ_{i on path} e^{G_e - G_i} k_i ⊗ u_i`` for one state tile ``hh [BK, BV]``.
@@ -147,15 +164,7 @@ def treewy_verify(h0, q, k, v, g, beta, anc, gram, qk, o, vt, Gout, kst, scale, 
     kst ``[B, N, H, K]`` (the keys, kept for commit; written by one program per key head).
     ``SOLVE``: 1 forward substitution, 0 none (``Ṽ = R``: the benchmark's measure of the solve's cost).
     """
-    i_bh = tl.program_id(0)
-    i_v = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
-    hk = hv // (HV // H)
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < K
-    mv = ov < V
+    i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, False)
     hh = tl.load(h0 + (i_bh * K + ok[:, None]) * V + ov[None, :],
                  mask=mk[:, None] & mv[None, :], other=0.).to(tl.float32)
     _verify_tile(hh, q, k, v, g, beta, anc, gram, qk, o, vt, Gout, kst, scale, N, b, hv, hk, i_v, ok, ov, mk, mv,
@@ -175,15 +184,7 @@ def treewy_step(h, pages, s_p, s_h, s_k, s_v, pk, pvt, pG, ppar, acc, Np, q, k, 
     ``[B, Np, H, K]``, pvt ``[B, Np, HV, V]``, pG ``[B, Np, HV]`` with the previous tree's parents ppar
     ``[Np]``; the new one goes to kst/vt/Gout, which must not alias it (other programs still read it).
     """
-    i_bh = tl.program_id(0)
-    i_v = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
-    hk = hv // (HV // H)
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < K
-    mv = ov < V
+    i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, False)
     m2 = mk[:, None] & mv[None, :]
     page = tl.load(pages + b).to(tl.int64)
     tile = page * s_p + hv * s_h + ok[:, None] * s_k + ov[None, :] * s_v
@@ -210,15 +211,7 @@ def rebuild(h0, out, k, u, G, par, end, M,
     over the prefix ``0..end`` (par unused). end ``[B]`` int32: the path's last index, -1 = nothing
     (out = h0; with ``STORE_ALL=False`` such rows are not written at all, nor are their k and u read).
     """
-    i_bh = tl.program_id(0)
-    i_v = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
-    hk = hv // (HV // H)
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < K
-    mv = ov < V
+    i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, False)
     e = tl.load(end + b)
     # Scalar conditions enter masks as vectors (Triton's interpreter rejects bool-tensor & bool-scalar).
     has_k = (ok * 0 + e) >= 0
@@ -243,15 +236,8 @@ def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, be
     survives a step that accepts nothing. ``WRITE_BASE`` also copies it to slot ``N`` (a fresh dst).
     A chain keeps the running state in registers; a tree reads each parent's snapshot back.
     """
-    i_bh = tl.program_id(0).to(tl.int64)   # snapshot offsets pass 2^31 elements (256 requests x 65 slots)
-    i_v = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
-    hk = hv // (HV // H)
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < K
-    mv = ov < V
+    # 64-bit: snapshot offsets pass 2^31 elements (256 requests x 65 slots)
+    i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, True)
     m2 = mk[:, None] & mv[None, :]
     tile = ok[:, None] * V + ov[None, :]
     sl = tl.load(slot + b)
@@ -287,15 +273,7 @@ def replay_verify(ckpt, ru, rk, rg, length, L, q, k, v, g, beta, o, ust, scale, 
     ckpt ``[B, HV, K, V]``; ring ru ``[B, L, HV, V]``, rk ``[B, L, H, K]``, rg ``[B, L, HV]``
     (per-token log decays). Writes o and ust (each node's pseudo-value u) ``[B, N, HV, V]``.
     """
-    i_bh = tl.program_id(0)
-    i_v = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
-    hk = hv // (HV // H)
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < K
-    mv = ov < V
+    i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, False)
     m2 = mk[:, None] & mv[None, :]
     n = tl.load(length + b)
     h = tl.load(ckpt + (i_bh * K + ok[:, None]) * V + ov[None, :], mask=m2, other=0.).to(tl.float32)
