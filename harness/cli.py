@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable
+
+
+def _sweep_names() -> str:
+    """The grids in conf/sweep/ (default first), so the help lists each one that exists."""
+    names = sorted(f.stem for f in (Path(__file__).resolve().parents[1] / "conf" / "sweep").glob("*.yaml"))
+    return "|".join(["default"] + [n for n in names if n != "default"])
 
 # (command words, config name, one-line help, runner module:function, positional args)
 COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
     (("sweep",), "sweep",
-     "run a grid (sweep=default|paper_35b|paper_trees|quick|ci_vllm|h200_35b, gmu=0.6,0.9, strategy=..., "
+     f"run a grid (sweep={_sweep_names()}, gmu=0.6,0.9, strategy=..., "
      "engine=auto|sim|vllm) into a result folder, resumable; analyse it and write report.html / report.pdf",
      "harness.sweep:run", ()),
     (("run",), "run", "one point (workload=, gmu=, concurrency= or rate=, strategy=, draft=) into out=DIR",

@@ -26,6 +26,21 @@ def test_help_lists_the_commands_that_exist():
     assert sub.returncode == 0 and "strategies" in sub.stdout and "sim" in sub.stdout
 
 
+def test_every_sweep_grid_the_help_names_composes():
+    import re
+
+    from harness.cli import _sweep_names
+    from harness.config import compose
+
+    out = harness("sweep", "--help")
+    names = _sweep_names().split("|")
+    assert set(names) == {f.stem for f in (ROOT / "conf" / "sweep").glob("*.yaml")}
+    assert re.sub(r"\s+", "", out.stdout).count(re.sub(r"\s+", "", _sweep_names())) == 1
+    for name in names:
+        cfg = compose("sweep", [f"sweep={name}"])
+        assert cfg.strategy and cfg.gmu, name
+
+
 def test_memory_json_reproduces_the_paper_figures():
     out = harness("memory", "model=qwen35_397b", "drafts=[[1,1,1]]", "state_dtypes=[bfloat16]", "format=json")
     assert out.returncode == 0, out.stderr
