@@ -97,7 +97,8 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
                                              else "torch reference (strategies)")   # CPU: auto keeps torch
         # Synthetic acceptance 0.90/0.75/0.59 has mean length 3.24; a few hundred tokens land near it.
         assert 2.7 < m["acceptance_length"] < 3.8
-        assert t["warmup"]["requests"] == 2 and t["warmup"]["errors"] == 0
+        # The warm-up fills the level's batch (kernels JIT per batch shape), never fewer than warmup_requests.
+        assert t["warmup"]["requests"] == max(2, s["config"]["load"]["concurrency"]) and t["warmup"]["errors"] == 0
         records = s["config"]["requests"]
         assert sum(1 for _ in (out / "points" / s["point_id"]).glob("requests.*")) == 1 and records >= 8
     # One server per strategy, reused across both load levels.
