@@ -11,6 +11,9 @@
 #   export PYTHONPATH=/tmp/cbsite:$PYTHONPATH && source harness/engines/vllm/device_setup.sh
 #   python3 -m harness sweep sweep=h200_35b replay.sharegpt=.devdata/sharegpt.jsonl out=/tmp/h200 ...
 #   tar czf $OUT/h200.tgz -C /tmp h200      # bring the result folder back as one file
+# A device call carries only the ignored paths it names: name .devdata in every call that runs a sweep.
+# A sweep longer than one call's limit resumes in the next with the same out= (under `timeout`, so the
+# tar still runs); several GPUs: add engine.tensor_parallel_size=N (results/h200x2-tp2-35b/README.md).
 # The kernel benchmark needs no vLLM (the image's torch, Triton and pytest do): carry .whl only, then
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/cbsite .whl/*.whl && export PYTHONPATH=/tmp/cbsite:$PWD
 #   python3 -m pytest -q tests/test_kernels.py -k "not bench" && python3 -m harness bench kernels out=$OUT/kernels/h200.json
