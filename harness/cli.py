@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable
 
 
 def _sweep_names() -> str:
-    """The grids in conf/sweep/ (default first), so the help lists each one that exists."""
-    names = sorted(f.stem for f in (Path(__file__).resolve().parents[1] / "conf" / "sweep").glob("*.yaml"))
+    """The grids in the config tree's sweep/ (default first), so the help lists each one that exists."""
+    from .config import conf_dir
+
+    try:
+        names = sorted(f.stem for f in (conf_dir() / "sweep").glob("*.yaml"))
+    except FileNotFoundError:     # no config tree: every command says so, with the fix, when it runs
+        names = []
     return "|".join(["default"] + [n for n in names if n != "default"])
 
 # (command words, config name, one-line help, runner module:function, positional args)

@@ -79,7 +79,7 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
     if tp > 1:
         env_map.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast off: the GPU hosts require it
     env = tuple(sorted(env_map.items()))
-    return ServerSettings(tensor_parallel_size=tp,
+    return ServerSettings(
         model_dir=str(model_dir), strategy=point.strategy if tree is not None else "store_all",
         buffer_len=int(cfg.get("buffer_len", 16)), num_spec=num_spec, acceptance_rates=rates,
         gmu=None if cfg.get("kv_cache_bytes") else point.gmu,
@@ -89,7 +89,8 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
         dtype=point.model.dtype, enforce_eager=bool(cfg.get("enforce_eager", False)),
         cudagraph_mode=cfg.get("cudagraph_mode"),
         language_model_only=point.model.architecture.endswith("ForConditionalGeneration"),
-        gdn_prefill_backend=cfg.get("gdn_prefill_backend"), extra_args=tuple(cfg.get("extra_args") or ()), env=env)
+        gdn_prefill_backend=cfg.get("gdn_prefill_backend"), tensor_parallel_size=tp,
+        extra_args=tuple(cfg.get("extra_args") or ()), env=env)
 
 
 def device_name() -> str:
@@ -265,20 +266,20 @@ class VLLMEngine:
         """Short requests before the measured level, not counted: one per slot of the level's concurrency
         (the engine's batch cap for open-loop arrivals), at least engine.warmup_requests.
 
-        Filling the batch matters: whatever runs once per new batch shape (Triton JIT-compiles a kernel
-        variant per divisibility class of its integer arguments) would otherwise land in the first wave's
-        TTFT. On the H200 the first 64 requests of a c64 level waited 2.7 s for it against <= 0.65 s for
-        the other 192 (results/h200-vllm-treewy-fused, warmed with 4 requests).
+        Filling the batch matters: whatever runs once per new batch shape (e.g. a Triton kernel compiled
+        for a new specialisation of its integer arguments) would otherwise land in the first wave's TTFT.
+        On the H200 the first 64 requests of a c64 level waited 2.7 s for it against <= 0.65 s for the
+        other 192 (results/h200-vllm-treewy-fused, warmed with 4 requests).
         """
         n = int(self.cfg.get("warmup_requests", 4))
         if n <= 0:
             return {"requests": 0}
         conc = min(point.arrival.max_concurrency or point.max_num_seqs, point.max_num_seqs)
-        n = max(n, conc)
+        n = max(n, conc)   # the extra requests wait for a slot, as the level's own do
         reqs = [Request(prompt_len=min(64, point.requests[i % len(point.requests)].prompt_len), output_len=16)
                 for i in range(n)]
         t0 = time.perf_counter()
-        res = loadgen.run(server.url, server.served_name, reqs, Arrival(kind="closed", max_concurrency=min(n, conc)),
+        res = loadgen.run(server.url, server.served_name, reqs, Arrival(kind="closed", max_concurrency=conc),
                           vocab=vocab, seed=point.seed + 7919,
                           request_timeout_s=float(self.cfg.get("request_timeout_s", 600)))
         errors = [r.error for r in res.records if r.error]
