@@ -89,10 +89,64 @@ def solve_vs_nodes(result: dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def layer_vs_batch(result: dict[str, Any]) -> plt.Figure:
+    """One layer's speculative branch against batch, one panel per chain, a line per op: vLLM's own
+    store_all kernel and each strategy's op as the plugin runs it (graph replays where captured)."""
+    rows = result["layer"]["rows"]
+    drafts = sorted({(r["nodes"], r["draft"]) for r in rows})
+    fig, axes = plt.subplots(1, len(drafts), figsize=(4.2 * len(drafts), 3.4), squeeze=False)
+    for ax, (N, d) in zip(axes.flat, drafts):
+        lines = defaultdict(list)
+        for r in rows:
+            if r["draft"] == d:
+                t = r["graph_s"] if r["graph_s"] is not None else r["eager_s"]
+                lines[r["strategy"]].append((r["batch"], 1e6 * t))
+        for name, pts in lines.items():
+            pts.sort()
+            color = COLORS.get("store_all" if name == "vllm_store_all" else name)
+            ax.plot(*zip(*pts), marker="o", label=name, color=color, ls="--" if name == "vllm_store_all" else "-")
+        ax.set(xscale="log", yscale="log", xlabel="batch (requests)", ylabel="µs per layer and step",
+               title=f"{d} (N={N})")
+        ax.legend(fontsize=7)
+    fig.suptitle(_title(result, "One layer's speculative branch as vLLM runs it"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _layer_table(result: dict[str, Any]) -> str:
+    e = html.escape
+    rows = result.get("layer", {}).get("rows", [])
+    if not rows:
+        return ""
+    head = ["draft", "N", "batch", "op", "eager µs", "graph µs", "x vLLM eager", "x vLLM graph", "states moved",
+            "% of copy"]
+
+    def f(x, fmt):
+        return "–" if x is None else format(x, fmt)
+
+    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
+        r["draft"], r["nodes"], r["batch"], r["strategy"], f(1e6 * r["eager_s"], ".1f"),
+        f(None if r["graph_s"] is None else 1e6 * r["graph_s"], ".1f"), f(r.get("eager_vs_vllm"), ".2f"),
+        f(r.get("graph_vs_vllm"), ".2f"), f(r["states_moved"], ".2f"), f(100 * r["fraction_of_copy"], ".0f")))
+        + "</tr>" for r in rows)
+    where = result["layer"].get("vllm_kernel") or {}
+    src = (f"vLLM's kernel: {where['module']} (vLLM {where.get('vllm')})" if "module" in where
+           else f"vLLM's kernel not measured: {where.get('missing', 'unknown')}")
+    return (f"<h2>One layer's speculative branch as vLLM runs it</h2><p>{e(src)}. Eager: CUDA events around "
+            "each call (host syncs and launch gaps included); graph: replays of a CUDA graph of one call, where "
+            "the op can be captured.</p>"
+            f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>")
+
+
 def write_report(result: dict[str, Any], path: Path) -> Path:
     e = html.escape
-    figs = [("Time per step", step_vs_nodes(result)), ("Bandwidth", bandwidth_fraction(result)),
-            ("Solve", solve_vs_nodes(result))]
+    figs = []
+    if result.get("layer", {}).get("rows"):
+        figs.append(("One layer in vLLM", layer_vs_batch(result)))
+    if result["rows"]:
+        figs += [("Time per step", step_vs_nodes(result)), ("Bandwidth", bandwidth_fraction(result))]
+    if result["solve"]:
+        figs.append(("Solve", solve_vs_nodes(result)))
     imgs = "".join(f'<figure><img alt="{e(t)}" src="data:image/png;base64,{_png(f)}"></figure>' for t, f in figs)
     for _, f in figs:
         plt.close(f)
@@ -107,7 +161,8 @@ def write_report(result: dict[str, Any], path: Path) -> Path:
             f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")) + "</tr>"
         for r in result["rows"])
     n = result["crossover_nodes"]
-    cross = (f"costs more than store_all's from N = {n}" if n else "stays cheaper than store_all's at every N measured")
+    cross = ("" if not result["solve"] else f"TreeWY's verify costs more than store_all's from N = {n}." if n
+             else "TreeWY's verify stays cheaper than store_all's at every N measured.")
     prov = result.get("provenance", {})
     tiles = result.get("tiles") or {}
     tiles_txt = ("Tiles (value columns per program / warps, tuned per strategy): "
@@ -120,10 +175,12 @@ img{{max-width:100%}}</style></head><body>
 <p>{e(result['device'])}; one GDN layer (H={result['shape']['H']}, HV={result['shape']['HV']},
 K={result['shape']['K']}, V={result['shape']['V']}), x{result['num_layers']} for the model.
 Copy bandwidth measured in the same run: {result['copy_bandwidth'] / 1e9:,.0f} GB/s (read + write).
-TreeWY's verify {e(cross)}. {e(tiles_txt)}
+{e(cross)} {e(tiles_txt)}
 Triton {e(str(result.get('triton')))}, torch {e(str(prov.get('torch')))}, commit {e(str(prov.get('git_commit')))}.</p>
 {imgs}
-<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body_rows}</table></body></html>"""
+{_layer_table(result)}
+{"<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + body_rows + "</table>" if body_rows else ""}
+</body></html>"""
     path.write_text(doc)
     return path
 

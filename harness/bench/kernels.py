@@ -279,7 +279,8 @@ def _smoke(cfg: DictConfig) -> DictConfig:
 
     small = OmegaConf.create({"batches": [1, 2], "drafts": ["chain:1", "chain:3", [2, 2]], "solve_nodes": [2, 4],
                               "solve_batch": 2, "warmup": 0, "repeats": 1, "copy_bytes": 1 << 20,
-                              "block_v": 16, "buffer_len": 8, "tune_block_v": [16, 32], "tune_num_warps": [4]})
+                              "block_v": 16, "buffer_len": 8, "tune_block_v": [16, 32], "tune_num_warps": [4],
+                              "layer": {"batches": [1, 2], "chains": [1, 3]}})
     return OmegaConf.merge(cfg, small)
 
 
@@ -323,13 +324,53 @@ def run(cfg: DictConfig) -> int:
         "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
                   "V": shape.value_head_dim},
         "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "tiles": {},
+        "layer": {"rows": [], "vllm_kernel": None}, "sections": list(cfg.sections),
         "provenance": provenance(),
         "config": OmegaConf.to_container(cfg, resolve=True)}
     out = Path(str(cfg.out)) if cfg.out else None
     done = _resume(out, result, console)
+    unknown = sorted(set(cfg.sections) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"sections={list(cfg.sections)}: unknown {unknown}; choose from {list(SECTIONS)}")
+    if "layer" in cfg.sections:
+        _layer_section(result, shape, cfg, gen, device, copy_bw, console, out)
+    if "kernels" in cfg.sections:
+        _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out)
+    if "solve" in cfg.sections:
+        have = {r["nodes"] for r in result["solve"]}
+        for N in cfg.solve_nodes:
+            if int(N) not in have:
+                result["solve"].append(_solve_row(int(N), shape, cfg, gen, device, result["tiles"]
+                                                  or _fixed_tiles(cfg)))
+                _save(out, result)
+                console.print(f"  solve vs N: N={N} done")
+    result["crossover_nodes"] = crossover(result["solve"])
+    result["complete"] = True
+    print_tables(console, result)
+    if out is not None:
+        _save(out, result)
+        console.print(f"wrote {out}")
+        try:
+            from reports.kernels import write_report
+        except ImportError as e:  # a lean GPU host: the numbers are safe, plot them elsewhere
+            console.print(f"no report here ({e}); run `python -m harness report {out.parent}` where matplotlib is")
+        else:
+            console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
+    return 0
+
+
+SECTIONS = ("layer", "kernels", "solve")
+
+
+def _fixed_tiles(cfg: DictConfig) -> dict[str, dict[str, int]]:
+    fixed = {"block_v": int(cfg.block_v), "num_warps": int(cfg.num_warps)}
+    return {n: fixed for n in STRATEGY_ROWS}
+
+
+def _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out) -> None:
+    """Each strategy's Triton kernels per draft shape and batch (K-major states, the contract's layout)."""
     if not result["tiles"]:
-        fixed = {"block_v": int(cfg.block_v), "num_warps": int(cfg.num_warps)}
-        result["tiles"] = tune(shape, cfg, gen, device, console) if cfg.tune else {n: fixed for n in STRATEGY_ROWS}
+        result["tiles"] = tune(shape, cfg, gen, device, console) if cfg.tune else _fixed_tiles(cfg)
         _save(out, result)
     jobs = [(parse_draft(d, root=bool(cfg.root)), int(B)) for d in cfg.drafts for B in cfg.batches]
     started = time.perf_counter()
@@ -358,25 +399,56 @@ def run(cfg: DictConfig) -> int:
                           f"({100 * row['verify_fraction_of_copy']:3.0f}% of copy), commit "
                           f"{1e6 * row['commit_s']:8.1f} us ({100 * row['commit_fraction_of_copy']:3.0f}%)")
         _save(out, result)   # a run cut short keeps what it measured; rerun the same command to resume
-    have = {r["nodes"] for r in result["solve"]}
-    for N in cfg.solve_nodes:
-        if int(N) not in have:
-            result["solve"].append(_solve_row(int(N), shape, cfg, gen, device, result["tiles"]))
+
+
+def _layer_section(result, shape, cfg, gen, device, copy_bw, console, out) -> None:
+    """vLLM's own store_all kernel and each strategy's op as the plugin runs it, per chain and batch
+    (:mod:`.layer`); each row's time relative to vLLM's at the same chain and batch."""
+    from . import layer as L
+
+    kernel, where = L.vllm_kernel()
+    result["layer"]["vllm_kernel"] = where
+    if kernel is None:
+        console.print(f"  [yellow]vLLM's kernel is not importable here[/] ({where['missing']}); "
+                      "the layer rows run without their baseline")
+    lc = cfg.layer
+    names = (["vllm_store_all"] if kernel is not None else []) + list(lc.strategies)
+    have = {(r["strategy"], r["draft"], r["batch"]) for r in result["layer"]["rows"]}
+    for k in lc.chains:
+        for B in lc.batches:
+            k, B = int(k), int(B)
+            tree = DraftTree.chain(k, root=True)
+            accepted = sample_accepted(gen, tree, B, float(cfg.accept_rate))
+            base = None
+            for name in names:
+                if (name, tree.label, B) in have:
+                    continue
+                if name in ("replay", "treewy_deferred") and k + 1 > int(cfg.buffer_len):
+                    continue
+                try:
+                    row = L.measure_layer(name, k, B, shape, cfg, gen, device, kernel, accepted)
+                except torch.cuda.OutOfMemoryError as e:
+                    reason = f"out of GPU memory: {str(e).splitlines()[0]}"
+                    result["failed"].append({"strategy": f"layer:{name}", "draft": tree.label, "batch": B,
+                                             "reason": reason})
+                    torch.cuda.empty_cache()
+                    continue
+                t = row["graph_s"] if row["graph_s"] is not None else row["eager_s"]
+                row["fraction_of_copy"] = row["bytes"] / t / copy_bw
+                if name == "vllm_store_all":
+                    base = row
+                base = base or next((r for r in result["layer"]["rows"] if r["strategy"] == "vllm_store_all"
+                                     and r["draft"] == tree.label and r["batch"] == B), None)
+                if base is not None:
+                    row["eager_vs_vllm"] = row["eager_s"] / base["eager_s"]
+                    row["graph_vs_vllm"] = (row["graph_s"] / base["graph_s"]
+                                            if row["graph_s"] is not None and base["graph_s"] else None)
+                result["layer"]["rows"].append(row)
+                g = f"{1e6 * row['graph_s']:8.1f}" if row["graph_s"] is not None else "       -"
+                console.print(f"    layer {tree.label} B={B:<3d} {name:15s} eager {1e6 * row['eager_s']:8.1f} us"
+                              f"  graph {g} us  {row['states_moved']:.2f} states  "
+                              f"{100 * row['fraction_of_copy']:3.0f}% of copy")
             _save(out, result)
-            console.print(f"  solve vs N: N={N} done")
-    result["crossover_nodes"] = crossover(result["solve"])
-    result["complete"] = True
-    print_tables(console, result)
-    if out is not None:
-        _save(out, result)
-        console.print(f"wrote {out}")
-        try:
-            from reports.kernels import write_report
-        except ImportError as e:  # a lean GPU host: the numbers are safe, plot them elsewhere
-            console.print(f"no report here ({e}); run `python -m harness report {out.parent}` where matplotlib is")
-        else:
-            console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
-    return 0
 
 
 def _save(out: Path | None, result: dict[str, Any]) -> None:
@@ -398,12 +470,14 @@ def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str,
         return set()
     same = ("device", "shape", "num_layers")
     keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "buffer_len", "root", "repeats", "smoke", "solve",
-            "tune", "tune_block_v", "tune_num_warps", "tune_draft")
+            "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate")
     if old.get("complete") or any(old.get(k) != result[k] for k in same) \
             or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):
         return set()
     result["rows"], result["solve"], result["tiles"] = old.get("rows", []), old.get("solve", []), old.get("tiles", {})
-    console.print(f"  resuming {out}: {len(result['rows'])} rows and {len(result['solve'])} solve points kept")
+    result["layer"]["rows"] = old.get("layer", {}).get("rows", [])
+    console.print(f"  resuming {out}: {len(result['rows'])} rows, {len(result['layer']['rows'])} layer rows and "
+                  f"{len(result['solve'])} solve points kept")
     return {(r["strategy"], r["draft"], r["batch"]) for r in result["rows"]}
 
 
@@ -417,29 +491,45 @@ def print_tables(console, result: dict[str, Any]) -> None:
     from ..console import table as make_table
 
     L = result["num_layers"]
-    t = make_table(f"per layer and step ({result['device']}); whole model = x {L} GDN layers; "
-                   f"% = achieved / copy bandwidth ({result['copy_bandwidth'] / 1e9:,.0f} GB/s)",
-                   ["draft", "batch", "strategy", "verify us", "commit us", "step us", f"x{L} ms",
-                    "states moved", "verify %", "commit %", "spec. MiB/req"], left=3)
-    for r in result["rows"]:
-        t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["strategy"],
-                  f"{1e6 * r['verify_s']:.1f}", f"{1e6 * r['commit_s']:.1f}", f"{1e6 * r['step_s']:.1f}",
-                  f"{1e3 * r['step_s_model']:.2f}", f"{r['states_moved']:.2f}",
-                  f"{100 * r['verify_fraction_of_copy']:.0f}", f"{100 * r['commit_fraction_of_copy']:.0f}",
-                  f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")
-    console.print(t)
+    layer = result.get("layer", {}).get("rows", [])
+    if layer:
+        t = make_table(f"one layer's speculative branch as vLLM runs it ({result['device']}); x = time / vLLM's "
+                       "store_all kernel at the same chain and batch (graph replays where the op can be captured)",
+                       ["draft", "batch", "op", "eager us", "graph us", "x vLLM (eager)", "x vLLM (graph)",
+                        "states moved", "% of copy"], left=3)
+        for r in layer:
+            t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["strategy"], f"{1e6 * r['eager_s']:.1f}",
+                      "-" if r["graph_s"] is None else f"{1e6 * r['graph_s']:.1f}",
+                      "-" if r.get("eager_vs_vllm") is None else f"{r['eager_vs_vllm']:.2f}",
+                      "-" if r.get("graph_vs_vllm") is None else f"{r['graph_vs_vllm']:.2f}",
+                      f"{r['states_moved']:.2f}", f"{100 * r['fraction_of_copy']:.0f}")
+        console.print(t)
+    if result["rows"]:
+        t = make_table(f"per layer and step ({result['device']}); whole model = x {L} GDN layers; "
+                       f"% = achieved / copy bandwidth ({result['copy_bandwidth'] / 1e9:,.0f} GB/s)",
+                       ["draft", "batch", "strategy", "verify us", "commit us", "step us", f"x{L} ms",
+                        "states moved", "verify %", "commit %", "spec. MiB/req"], left=3)
+        for r in result["rows"]:
+            t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["strategy"],
+                      f"{1e6 * r['verify_s']:.1f}", f"{1e6 * r['commit_s']:.1f}", f"{1e6 * r['step_s']:.1f}",
+                      f"{1e3 * r['step_s_model']:.2f}", f"{r['states_moved']:.2f}",
+                      f"{100 * r['verify_fraction_of_copy']:.0f}", f"{100 * r['commit_fraction_of_copy']:.0f}",
+                      f"{r['speculative_bytes_per_request'] / 2 ** 20:.1f}")
+        console.print(t)
     if result.get("tiles"):
         console.print("tiles (value columns per program, warps): " + ", ".join(
             f"{n} {t['block_v']}/{t['num_warps']}" for n, t in result["tiles"].items()))
-    s = make_table(f"TreeWY's triangular solve vs N (chains, batch {result['solve'][0]['batch']}, one layer)",
-                   ["N", "treewy verify us", "without solve us", "solve us", "store_all verify us"], left=1)
-    for r in result["solve"]:
-        s.add_row(str(r["nodes"]), f"{1e6 * r['treewy_verify_s']:.1f}", f"{1e6 * r['treewy_verify_nosolve_s']:.1f}",
-                  f"{1e6 * r['solve_s']:.1f}", f"{1e6 * r['store_all_verify_s']:.1f}")
-    console.print(s)
+    if result["solve"]:
+        s = make_table(f"TreeWY's triangular solve vs N (chains, batch {result['solve'][0]['batch']}, one layer)",
+                       ["N", "treewy verify us", "without solve us", "solve us", "store_all verify us"], left=1)
+        for r in result["solve"]:
+            s.add_row(str(r["nodes"]), f"{1e6 * r['treewy_verify_s']:.1f}",
+                      f"{1e6 * r['treewy_verify_nosolve_s']:.1f}",
+                      f"{1e6 * r['solve_s']:.1f}", f"{1e6 * r['store_all_verify_s']:.1f}")
+        console.print(s)
+        n = result["crossover_nodes"]
+        console.print(f"TreeWY's verify costs more than store_all's from N = {n}" if n else
+                      "TreeWY's verify stays cheaper than store_all's at every N measured")
     for f in result.get("failed", []):
         console.print(f"[red]not measured[/]: {f['strategy']} {f['draft']} batch {f['batch']}: {f['reason']} "
                       "(rerun the same command to retry)")
-    n = result["crossover_nodes"]
-    console.print(f"TreeWY's verify costs more than store_all's from N = {n}" if n else
-                  "TreeWY's verify stays cheaper than store_all's at every N measured")

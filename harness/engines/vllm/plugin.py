@@ -391,24 +391,32 @@ def _install_cuda_hooks(name: str, buffer_len: int) -> None:
         layer = _current_layer.get()
         if layer is None or kwargs.get("num_accepted_tokens") is None:
             return kernel(*args, **kwargs)
-        q, k, v = kwargs["q"], kwargs["k"], kwargs["v"]
-        ssm = kwargs["initial_state"]           # [P, HV, V, K]: vLLM's V-major layout
-        cu = kwargs["cu_seqlens"].tolist()
-        holder = {}
-
-        def original():
-            holder["out"] = kernel(*args, **kwargs)
-            return holder["out"][0][0]
-
-        o = _spec_step(layer, name, buffer_len, ssm.transpose(-1, -2), q[0], k[0], v[0], kwargs["a"],
-                       kwargs["b"], kwargs["A_log"], kwargs["dt_bias"], kwargs["ssm_state_indices"],
-                       kwargs["num_accepted_tokens"], cu, kwargs.get("scale"), original)
-        if "out" in holder:
-            return holder["out"]
-        return o.to(q.dtype)[None], None
+        return spec_update(layer, name, buffer_len, kernel, *args, **kwargs)
 
     cls._forward_core = _forward_core
     mod.fused_sigmoid_gating_delta_rule_update = fused_update
+
+
+def spec_update(layer, name: str, buffer_len: int, kernel, *args, **kwargs):
+    """What the plugin runs in place of vLLM 0.26's ``fused_sigmoid_gating_delta_rule_update`` on a GDN
+    layer's speculative rows (``kwargs`` exactly as ``QwenGatedDeltaNetAttention._forward_core`` passes
+    them; ``kernel``: vLLM's own function). Returns what vLLM's returns: outputs ``[1, T, HV, V]`` and the
+    state (None here). Module level so that ``bench kernels`` times the very same path."""
+    q, k, v = kwargs["q"], kwargs["k"], kwargs["v"]
+    ssm = kwargs["initial_state"]           # [P, HV, V, K]: vLLM's V-major layout
+    cu = kwargs["cu_seqlens"].tolist()
+    holder = {}
+
+    def original():
+        holder["out"] = kernel(*args, **kwargs)
+        return holder["out"][0][0]
+
+    o = _spec_step(layer, name, buffer_len, ssm.transpose(-1, -2), q[0], k[0], v[0], kwargs["a"],
+                   kwargs["b"], kwargs["A_log"], kwargs["dt_bias"], kwargs["ssm_state_indices"],
+                   kwargs["num_accepted_tokens"], cu, kwargs.get("scale"), original)
+    if "out" in holder:
+        return holder["out"]
+    return o.to(q.dtype)[None], None
 
 
 def _install_cpu_hooks(name: str, buffer_len: int) -> None:
