@@ -8,7 +8,7 @@ import pytest
 
 from harness.config import load_model
 from harness.engines.kv_plan import group_layout, plan
-from harness.engines.vllm.paged import StashLayout
+from strategies.paged import StashLayout
 
 RUNS = Path(__file__).resolve().parents[1] / "results" / "h200-plugin" / "runs"
 

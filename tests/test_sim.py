@@ -15,7 +15,7 @@ from harness.engines.base import GPUSpec, Point
 from harness.engines.sim.acceptance import rates_for
 from harness.engines.sim.engine import SimEngine
 from harness.engines.sim.memory import build_pool, stash_bytes
-from harness.engines.vllm.paged import StashLayout
+from strategies.paged import StashLayout
 from strategies import DraftTree
 from workloads import Arrival, Request
 

@@ -47,6 +47,14 @@ def get(name: str, **options):
     return _ops().STRATEGIES[name](**options)
 
 
+def paged_ops():
+    """:mod:`.paged`: the engine's paged step (commit + verify on vLLM-style pages) on Triton."""
+    _ops()
+    from . import paged
+
+    return paged
+
+
 def _ops():
     import sys
 

@@ -4,7 +4,7 @@
 speculation); the non-KV reserve (activation peak, CUDA context, the drafter's buffers) is a
 calibrated constant from ``conf/engine/sim.yaml``. What is left is cut into blocks by vLLM's own
 page arithmetic (:mod:`harness.engines.kv_plan`), where a GDN page holds the strategy's stash as
-the vLLM plugin lays it out (:class:`harness.engines.vllm.paged.StashLayout`, sized by the
+the vLLM plugin lays it out (:class:`strategies.paged.StashLayout`, sized by the
 ``strategies`` memory accounting).
 """
 

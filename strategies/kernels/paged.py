@@ -1,0 +1,90 @@
+"""The paged step on Triton (:class:`strategies.paged.PagedCommit` with ``backend="triton"``).
+
+Two launches per call (:mod:`.paged_kernels`), no host sync, nothing shaped by the data: what an
+engine can capture in a CUDA graph. Sizes come from the layout and the tensors' shapes only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import paged_kernels as pk
+
+STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY_DEFERRED}
+#: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
+LAUNCHED: dict[str, object] = {}
+
+
+def resources() -> dict[str, dict[str, int | None]]:
+    """Registers per thread and spilled bytes of the kernels launched last (None in the interpreter)."""
+    return {name: {"registers": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}
+            for name, k in LAUNCHED.items()}
+
+
+def _consts(layout, block_v: int) -> dict[str, int]:
+    H, HV, K, V = layout.num_key_heads, layout.num_value_heads, layout.key_head_dim, layout.value_head_dim
+    N = layout.nodes
+    L = layout.buffer_len if layout.strategy != "treewy" else N
+    return {"H": H, "HV": HV, "K": K, "V": V, "BK": triton.next_power_of_2(K),
+            "BV": min(int(block_v), triton.next_power_of_2(V)), "N": N, "L": L, "STRAT": STRATS[layout.strategy]}
+
+
+def _finish_consts(c: dict[str, int]) -> dict[str, int]:
+    return {"H": c["H"], "HV": c["HV"], "K": c["K"], "V": c["V"], "BH": triton.next_power_of_2(c["H"]),
+            "BK": c["BK"], "BHV": triton.next_power_of_2(c["HV"]), "N": c["N"], "L": c["L"], "STRAT": c["STRAT"]}
+
+
+def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout) -> None:
+    HV, V, K = layout.num_value_heads, layout.value_head_dim, layout.key_head_dim
+    if pool.dim() != 4 or tuple(pool.shape[1:]) != (HV, V, K):
+        raise ValueError(f"pool: shape {tuple(pool.shape)}; expected [P, {HV}, {V}, {K}] (vLLM's V-major pages)")
+    if tuple(stash.shape[1:]) != layout.shapes()[0] or stash.dtype != torch.float32:
+        raise ValueError(f"stash: shape {tuple(stash.shape)} {stash.dtype}; expected [P, *{layout.shapes()[0]}] "
+                         "float32 (StashLayout.shapes())")
+    if header.shape[-1] != 4 or header.dtype != torch.int32:
+        raise ValueError(f"header: shape {tuple(header.shape)} {header.dtype}; expected [P, 4] int32")
+    for name, t in (("stash", stash), ("header", header)):
+        if t.stride(-1) != 1 or (t.dim() == 3 and t.stride(1) != t.shape[2]):
+            raise ValueError(f"{name}: each page's part must be contiguous (strides {t.stride()})")
+
+
+def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
+         scale: float, out: torch.Tensor, probe: torch.Tensor | None = None, block_v: int = 32,
+         num_warps: int = 4) -> None:
+    """See :meth:`strategies.paged.PagedCommit.step` (same arguments); writes ``out`` and the pages."""
+    _check(pool, stash, header, layout)
+    n = cu_seqlens.shape[0] - 1
+    if n <= 0:
+        return
+    c = _consts(layout, block_v)
+    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))   # no-ops for vLLM's tensors
+    s_idx = state_indices.stride(0)
+    grid = (n * c["HV"], triton.cdiv(c["V"], c["BV"]))
+    LAUNCHED["paged_step"] = pk.paged_step[grid](
+        pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
+        num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out,
+        scale, COMMIT_ONLY=False, PROBE=probe is not None, num_warps=num_warps, **c)
+    LAUNCHED["paged_finish"] = pk.paged_finish[(n,)](
+        stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens,
+        k, a, A_log, dt_bias, COMMIT_ONLY=False, num_warps=4, **_finish_consts(c))
+
+
+def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4) -> None:
+    """See :meth:`strategies.paged.PagedCommit.commit`."""
+    _check(pool, stash, header, layout)
+    n = state_indices.shape[0]
+    if n <= 0:
+        return
+    c = _consts(layout, block_v)
+    s_idx = state_indices.stride(0)
+    grid = (n * c["HV"], triton.cdiv(c["V"], c["BV"]))
+    # No tokens: the token arguments are never read; any tensor stands in for them.
+    dummy = num_accepted
+    pk.paged_step[grid](
+        pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
+        num_accepted, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, pool, pool, 1.0,
+        COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c)
+    pk.paged_finish[(n,)](
+        stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, dummy,
+        dummy, dummy, dummy, dummy, COMMIT_ONLY=True, num_warps=4, **_finish_consts(c))

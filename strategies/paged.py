@@ -1,0 +1,318 @@
+"""The strategies over an engine's paged GDN state: one state page plus a stash per request.
+
+An engine such as vLLM keeps every request's GDN state in a page of a shared pool. Under
+``store_all`` a request holds ``1 + k`` pages and the kernel writes token t's state into page t.
+Here a request holds one page, which also carries a stash (two extra state tensors, so vLLM's
+memory planner counts them):
+
+* ``stash [S, W]`` float32: S token slots of ``W = HV·V + H·K + HV`` floats each: a pseudo-value
+  (u, which for a chain equals TreeWY's ṽ), the L2-normalised key, and a log decay (cumulative G
+  from the page's state for ``treewy``, per-token g for the deferred strategies).
+* ``header [4]`` int32: ``[staged nodes, history length, flushes, 0]``.
+
+``treewy``: the page holds the state the last verify started from; slots ``[0, N)`` that verify's
+nodes. ``replay``: the page is the checkpoint; slots ``[0, len)`` are the accepted history and the
+last verify's nodes are staged right behind it. ``treewy_deferred``: as replay, but the verify's
+nodes are staged in slots ``[L, L + N)`` and only the accepted path joins the ring. A step first
+commits the previous verify with the engine's ``num_accepted`` (which counts the root token), then
+verifies the new tokens. A page whose header says nothing is staged holds the committed state
+(fresh from prefill, or committed by :meth:`PagedCommit.commit`).
+
+:class:`PagedCommit` is the op an engine calls per GDN layer. Its inputs are vLLM's (raw q/k/v,
+gates' inputs, the pool of V-major pages, a page index per row, ``num_accepted``, token offsets
+``cu_seqlens``); ``backend="torch"`` runs the strategies' reference math here (host syncs, Python
+per row: for CPUs and tests), ``triton`` the fused kernels of :mod:`strategies.kernels.paged` (two
+launches, no host sync, CUDA-graph safe), ``auto`` Triton where the pool is on a CUDA device.
+Both have the same semantics, padded rows (page ``<= 0``) and rows of no tokens included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from . import history
+from .base import Verified, get, names
+from .history import History
+from .inputs import StepShape
+from .tree import DraftTree
+
+HEADER = 4
+STAGED, HISTORY, FLUSHES = 0, 1, 2
+DEFERRED = ("replay", "treewy_deferred")
+BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class StashLayout:
+    """Sizes of one layer's stash for a strategy and a chain of ``num_spec`` drafts (per TP rank)."""
+
+    strategy: str
+    num_key_heads: int      # H
+    num_value_heads: int    # HV
+    key_head_dim: int       # K
+    value_head_dim: int     # V
+    num_spec: int           # k drafts; a step verifies N = k + 1 tokens (the root too)
+    buffer_len: int = history.DEFAULT_BUFFER_LEN
+
+    def __post_init__(self) -> None:
+        if self.strategy not in names() or self.strategy == "store_all":
+            raise ValueError(f"strategy={self.strategy!r}: a paged stash exists for "
+                             f"{', '.join(n for n in names() if n != 'store_all')}")
+        if self.num_spec < 1:
+            raise ValueError(f"num_speculative_tokens={self.num_spec}: strategy={self.strategy} needs "
+                             "speculative decoding (k >= 1)")
+        if self.strategy in DEFERRED and self.buffer_len < self.nodes:
+            raise ValueError(f"buffer_len={self.buffer_len}: strategy={self.strategy} buffers a whole step of "
+                             f"{self.nodes} tokens (1 + {self.num_spec} drafts); use buffer_len >= {self.nodes}")
+
+    @property
+    def nodes(self) -> int:
+        return self.num_spec + 1
+
+    @cached_property
+    def strategy_obj(self):
+        opts = {"buffer_len": self.buffer_len} if self.strategy in DEFERRED else {}
+        return get(self.strategy, **opts)
+
+    @property
+    def width(self) -> int:
+        return (self.num_value_heads * self.value_head_dim + self.num_key_heads * self.key_head_dim
+                + self.num_value_heads)
+
+    @property
+    def slots(self) -> int:
+        """Token slots, exactly as the strategy's memory accounting counts them."""
+        return self.strategy_obj.footprint(DraftTree.chain(self.num_spec, root=True))[1]
+
+    def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (self.slots, self.width), (HEADER,)
+
+    @staticmethod
+    def dtypes() -> tuple[torch.dtype, torch.dtype]:
+        return torch.float32, torch.int32
+
+    @property
+    def bytes(self) -> int:
+        return self.slots * self.width * 4 + HEADER * 4
+
+    def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[..., W]`` → value part ``[..., HV, V]``, keys ``[..., H, K]``, decays ``[..., HV]``."""
+        hv = self.num_value_heads * self.value_head_dim
+        hk = self.num_key_heads * self.key_head_dim
+        lead = rows.shape[:-1]
+        return (rows[..., :hv].reshape(*lead, self.num_value_heads, self.value_head_dim),
+                rows[..., hv:hv + hk].reshape(*lead, self.num_key_heads, self.key_head_dim),
+                rows[..., hv + hk:])
+
+    @staticmethod
+    def join(u: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        lead = u.shape[:-2]
+        return torch.cat([u.reshape(*lead, -1), k.reshape(*lead, -1), g.reshape(*lead, -1)], -1).float()
+
+
+def gates(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor):
+    """Qwen3-Next / Qwen3.5 gating as vLLM's kernels compute it: ``g = −e^{A_log}·softplus(a + dt_bias)``
+    (softplus with beta 1, threshold 20), ``beta = sigmoid(b)``; a, b ``[T, HV]`` → float32 ``[T, HV]``."""
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float(), beta=1.0, threshold=20.0)
+    return g, b.float().sigmoid()
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """flash-linear-attention's ``l2norm_fwd``: ``x / sqrt(Σx² + eps)`` in float32."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def pages_of(state_indices: torch.Tensor) -> torch.Tensor:
+    """Each row's page: column 0 of vLLM's ``[rows, k + 1]`` index tensor (one page per request here), or the
+    ``[rows]`` index itself."""
+    return state_indices[:, 0] if state_indices.dim() == 2 else state_indices
+
+
+class PagedCommit:
+    """Run one strategy's commit + verify over a batch of speculative rows of an engine's pages."""
+
+    def __init__(self, layout: StashLayout, backend: str = "auto", block_v: int = 32, num_warps: int = 4):
+        """``backend``: ``torch`` (the strategies' reference math), ``triton`` (:mod:`strategies.kernels.paged`,
+        also on CPU in Triton's interpreter), or ``auto``: Triton where the pages are on a CUDA device and
+        Triton is installed. ``block_v``/``num_warps``: the Triton step's value tile and warps."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)} "
+                             f"(the vLLM plugin reads it from COMMITBENCH_KERNELS)")
+        self.layout = layout
+        self.backend = backend
+        self.strategy = layout.strategy_obj
+        self.block_v, self.num_warps = int(block_v), int(num_warps)
+        self._auto: bool | None = None
+
+    def uses_triton(self, device: torch.device) -> bool:
+        if self.backend != "auto":
+            return self.backend == "triton"
+        if self._auto is None:      # asked every step: decide once
+            from . import kernels
+
+            self._auto = kernels.available()
+        return device.type == "cuda" and self._auto
+
+    # -- the op ---------------------------------------------------------------------------------------
+    def step(self, pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, q: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+             dt_bias: torch.Tensor, state_indices: torch.Tensor, num_accepted: torch.Tensor,
+             cu_seqlens: torch.Tensor, scale: float | None = None, out: torch.Tensor | None = None,
+             probe: torch.Tensor | None = None) -> torch.Tensor:
+        """Commit each row's last verify, then verify its new tokens; returns the outputs ``out``.
+
+        pool ``[P, HV, V, K]`` (vLLM's V-major pages, any strides), stash ``[P, S, W]``, header ``[P, 4]``;
+        q, k ``[T, H, K]`` and v ``[T, HV, V]`` raw (L2 norm inside), a, b ``[T', HV]`` (T' >= T: the gates'
+        inputs, row-aligned with q), A_log, dt_bias ``[HV]``; state_indices ``[n]`` or ``[n, C]`` (a page
+        per row, column 0; ``<= 0``: a padded row, skipped), num_accepted ``[n]`` (the engine's count,
+        root included), cu_seqlens ``[n + 1]`` token offsets (a device tensor). out ``[T, HV, V]``
+        (default: q's dtype); the outputs of skipped rows are left as they were. probe ``[n, HV, K, V]``
+        float32, optional: each row's committed state (the one its new tokens were verified from)."""
+        scale = self.layout.key_head_dim ** -0.5 if scale is None else float(scale)
+        if out is None:
+            out = q.new_empty(q.shape[0], v.shape[1], v.shape[2])
+        if self.uses_triton(pool.device):
+            from . import kernels
+
+            kernels.paged_ops().step(self.layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
+                    cu_seqlens, scale, out, probe, self.block_v, self.num_warps)
+            return out
+        self._torch_step(pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
+                         cu_seqlens, scale, out, probe)
+        return out
+
+    def commit(self, pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor,
+               state_indices: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """Commit-only step for rows that leave the speculative path (a decode without drafts, a prefill
+        chunk): each row's page becomes its committed state and its header says nothing is staged, so an
+        engine's own kernels may read and write the page. Rows of page ``<= 0`` are skipped. Also what
+        to run before a prefill writes a page: it clears whatever header the page's last owner left."""
+        if self.uses_triton(pool.device):
+            from . import kernels
+
+            kernels.paged_ops().commit(self.layout, pool, stash, header, state_indices, num_accepted, self.block_v, self.num_warps)
+            return
+        self._torch_commit(pool, stash, header, state_indices, num_accepted)
+
+    # -- the reference (torch) ------------------------------------------------------------------------
+    def _plan(self, header: torch.Tensor, pages: torch.Tensor, num_accepted: torch.Tensor):
+        """staged (clamped), accepted node of the last verify (-1: none), history length, as the kernels."""
+        lay = self.layout
+        hd = header[pages]
+        staged = hd[:, STAGED].long().clamp(0, lay.nodes)
+        accepted = torch.where(staged > 0, torch.minimum(num_accepted.long().clamp(min=1), staged) - 1, -1)
+        if lay.strategy in DEFERRED:
+            length = hd[:, HISTORY].long().clamp(0, lay.buffer_len - lay.nodes)
+        else:
+            length = torch.zeros_like(staged)
+        return accepted, length
+
+    def _torch_step(self, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
+                    cu_seqlens, scale, out, probe) -> None:
+        T = q.shape[0]
+        g, beta = gates(A_log, a[:T], b[:T], dt_bias)
+        qn, kn, vf = l2norm(q), l2norm(k), v.float()
+        ssm = pool.transpose(-1, -2)                        # [P, HV, K, V]: the strategies' layout
+        cu = cu_seqlens.tolist()
+        pages = pages_of(state_indices).tolist()
+        lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
+        live = [i for i in range(len(lens)) if lens[i] > 0 and pages[i] > 0]
+        # One draft shape per call (the strategies' contract): group rows by tokens verified.
+        for n_tok in sorted({lens[i] for i in live}):
+            rows = [i for i in live if lens[i] == n_tok]
+            tok = torch.cat([torch.arange(cu[i], cu[i] + n_tok) for i in rows]).to(q.device)
+            rows_t = torch.tensor(rows, device=q.device)
+            pg = torch.tensor([pages[i] for i in rows], device=q.device)
+            B = len(rows)
+            qkvgb = [x[tok].reshape(B, n_tok, *x.shape[1:]) for x in (qn, kn, vf, g, beta)]
+            o, h = self._group(ssm, stash, header, pg, num_accepted[rows_t], *qkvgb,
+                               DraftTree.chain(n_tok - 1, root=True), scale)
+            out[tok] = o.reshape(B * n_tok, *out.shape[1:]).to(out.dtype)
+            if probe is not None:
+                probe[rows_t] = h.float()
+
+    def _group(self, ssm, stash, header, pages, n_acc, q, k, v, g, beta, tree, scale):
+        lay = self.layout
+        st = stash[pages]
+        accepted, length = self._plan(header, pages, n_acc)
+        B, N = len(pages), lay.nodes
+        shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
+        prev_tree = DraftTree.chain(lay.num_spec, root=True)
+        if lay.strategy == "treewy":
+            vt, kk, G = lay.split(st[:, :N])
+            prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
+            h = self.strategy.commit(ssm[pages].float(), prev, accepted)
+            ver = self.strategy.verify(h, q, k, v, g, beta, tree, scale)
+            ssm[pages] = h.to(ssm.dtype)  # TreeWY's one state write per step
+            stash[pages, : tree.num_nodes] = lay.join(ver.stash["v_tilde"], ver.stash["k"], ver.stash["G"])
+            header[pages, STAGED] = tree.num_nodes
+            return ver.o, h
+        hist, prev, key = self._history(ssm, st, pages, length, shape, prev_tree)
+        hist = self.strategy.commit(hist, prev, accepted)
+        if lay.strategy == "replay":
+            hist.make_room(tree.num_nodes)  # the new draft is staged behind the history
+        ver = self.strategy.verify(hist, q, k, v, g, beta, tree, scale)
+        self._write_history(ssm, stash, header, pages, hist, length)
+        new = lay.join(ver.stash[key], ver.stash["k"], ver.stash["g"])
+        at = (hist.length[:, None] if lay.strategy == "replay" else lay.buffer_len) + \
+            torch.arange(tree.num_nodes, device=pages.device)[None, :]
+        stash[pages[:, None], at] = new
+        header[pages, STAGED] = tree.num_nodes
+        return ver.o, hist.current()
+
+    def _history(self, ssm, st, pages, length, shape, prev_tree):
+        """The deferred carry of these pages (checkpoint, ring) and their last verify's staged nodes."""
+        lay = self.layout
+        h0 = ssm[pages].float()
+        L, B, N = lay.buffer_len, len(pages), lay.nodes
+        u, kk, gg = lay.split(st[:, :L])
+        hist = History(h0, L, length.clone(), torch.zeros_like(length), u.clone(), kk.clone(), gg.clone())
+        if lay.strategy == "replay":
+            at = (length[:, None] + torch.arange(N, device=h0.device)[None, :]).clamp(max=L - 1)
+            prev_rows = st[torch.arange(B, device=h0.device)[:, None], at]
+        else:
+            prev_rows = st[:, L:L + N]
+        pu, pk, pg = lay.split(prev_rows)
+        key = "u" if lay.strategy == "replay" else "v_tilde"
+        return hist, Verified(h0.new_empty(0), prev_tree, shape, {key: pu, "k": pk, "g": pg}), key
+
+    def _write_history(self, ssm, stash, header, pages, hist: History, length) -> None:
+        """Checkpoints of the rows that flushed, the ring, the history length and the flush count."""
+        lay = self.layout
+        flushed = hist.flushes > 0
+        if bool(flushed.any()):
+            ssm[pages[flushed]] = hist.checkpoint[flushed].to(ssm.dtype)
+        stash[pages, :lay.buffer_len] = lay.join(hist.u, hist.k, hist.g)
+        header[pages, HISTORY] = hist.length.to(header.dtype)
+        header[pages, FLUSHES] += hist.flushes.to(header.dtype)
+
+    def _torch_commit(self, pool, stash, header, state_indices, num_accepted) -> None:
+        lay = self.layout
+        ssm = pool.transpose(-1, -2)
+        all_pages = pages_of(state_indices).long()
+        keep = all_pages > 0
+        pages, n_acc = all_pages[keep], num_accepted[keep]
+        if not len(pages):
+            return
+        accepted, length = self._plan(header, pages, n_acc)
+        B, N = len(pages), lay.nodes
+        shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
+        prev_tree = DraftTree.chain(lay.num_spec, root=True)
+        st = stash[pages]
+        if lay.strategy == "treewy":
+            vt, kk, G = lay.split(st[:, :N])
+            prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
+            h = self.strategy.commit(ssm[pages].float(), prev, accepted)
+            done = accepted >= 0
+            ssm[pages[done]] = h[done].to(ssm.dtype)
+        else:
+            hist, prev, _ = self._history(ssm, st, pages, length, shape, prev_tree)
+            hist = self.strategy.commit(hist, prev, accepted)
+            # Materialise: whatever is still buffered goes into the checkpoint now.
+            hist._flush(hist.length > 0)
+            self._write_history(ssm, stash, header, pages, hist, length)
+        header[pages, STAGED] = 0
