@@ -93,8 +93,10 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
         assert t["num_blocks"] > 0 and t["kv_cache_tokens"] > 0 and t["metrics_samples"] >= 1
         assert "load_format=dummy" in t["weights"] and t["acceptance"].startswith("synthetic")
         assert t["prefix_caching"].startswith("off") and "--no-enable-prefix-caching" in t["server"]["argv"]
+        # What the plugin wrote in the server's log (CPU: auto keeps torch), and the graph mode vLLM captured.
         assert t["server"]["gdn_commit"] == ("vLLM's own kernel (store_all)" if s["config"]["strategy"] == "store_all"
-                                             else "torch reference (strategies)")   # CPU: auto keeps torch
+                                             else "torch reference (strategies/paged)")
+        assert t["server"]["graph_mode"].startswith("none")
         # Synthetic acceptance 0.90/0.75/0.59 has mean length 3.24; a few hundred tokens land near it.
         assert 2.7 < m["acceptance_length"] < 3.8
         # The warm-up fills the level's batch (kernels JIT per batch shape), never fewer than warmup_requests.
@@ -124,7 +126,7 @@ def test_tensor_parallel_two_ranks_run_treewy(tmp_path):
     argv = t["server"]["argv"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert m["completed"] == m["requests"] and m["failed"] == 0 and 2.7 < m["acceptance_length"] < 3.8
-    assert t["server"]["gdn_commit"] == "torch reference (strategies)" and t["kv_cache_tokens"] > 0
+    assert t["server"]["gdn_commit"] == "torch reference (strategies/paged)" and t["kv_cache_tokens"] > 0
     _no_orphans(f"commitbench-{os.getpid()}-")
 
 

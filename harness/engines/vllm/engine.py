@@ -86,7 +86,8 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
         kv_cache_bytes=int(cfg["kv_cache_bytes"]) if cfg.get("kv_cache_bytes") else None,
         max_model_len=point.max_model_len, max_num_seqs=point.max_num_seqs,
         max_num_batched_tokens=point.max_num_batched_tokens, load_format=cfg.get("load_format", "dummy"),
-        dtype=point.model.dtype, enforce_eager=bool(cfg.get("enforce_eager", False)),
+        dtype=point.model.dtype, ssm_cache_dtype=point.model.state_dtype,
+        enforce_eager=bool(cfg.get("enforce_eager", False)),
         cudagraph_mode=cfg.get("cudagraph_mode"),
         language_model_only=point.model.architecture.endswith("ForConditionalGeneration"),
         gdn_prefill_backend=cfg.get("gdn_prefill_backend"), tensor_parallel_size=tp,
@@ -312,7 +313,10 @@ class VLLMEngine:
             else ("model's own (MTP)" if s.num_spec else "none (no speculation)"),
             "server": {"argv": st.get("argv"), "startup_s": st.get("startup_s"), "log": st.get("log"),
                        "strategy": s.strategy, "buffer_len": s.buffer_len, "restarts": self.starts,
-                       "gdn_commit": _gdn_commit(s.strategy, dict(s.env), st.get("device") or ""),
+                       "gdn_commit": _gdn_commit(s.strategy, dict(s.env), st.get("device") or "", st.get("log")),
+                       "graph_mode": st.get("graph_mode"),
+                       "cudagraph_mode_requested": s.cudagraph_mode or ("none (enforce_eager)" if s.enforce_eager
+                                                                        else "vLLM's default"),
                        "cache_config": info},
             "num_blocks": num_blocks,
             "block_size": block_size,
@@ -335,13 +339,23 @@ class VLLMEngine:
         }
 
 
-def _gdn_commit(strategy: str, env: dict[str, str], device: str) -> str:
-    """Which code ran the GDN verify/commit in the server (the plugin's COMMITBENCH_KERNELS choice);
-    ``device`` is :func:`device_name`'s answer, which names a CPU as ``cpu: ...``."""
+def _gdn_commit(strategy: str, env: dict[str, str], device: str, log: str | None = None) -> str:
+    """Which code ran the GDN verify/commit in the server: what the plugin wrote in the server's log
+    (its COMMITBENCH_GDN_PATH line), else what its settings imply, said so. ``device`` is
+    :func:`device_name`'s answer, which names a CPU as ``cpu: ...``."""
     if strategy == "store_all":
         return "vLLM's own kernel (store_all)"
+    if log:
+        try:
+            said = scrape.gdn_path(Path(log).read_text(errors="replace"))
+        except OSError:
+            said = None
+        if said:
+            return said["code"]
     choice = env.get("COMMITBENCH_KERNELS", "auto")
     on_gpu = bool(device) and not device.startswith("cpu: ")
-    if strategy == "treewy" and (choice == "triton" or (choice == "auto" and on_gpu)):
-        return "Triton fused step (strategies/kernels)" + ("" if on_gpu else ", interpreted")
-    return "torch reference (strategies)"
+    if choice == "triton" or (choice == "auto" and on_gpu):
+        code = "Triton paged op (strategies/kernels/paged)" + ("" if on_gpu else ", interpreted")
+    else:
+        code = "torch reference (strategies/paged)"
+    return code + " (inferred from the settings: the server's log does not say)"

@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=0, help="requests generated (and not timed) first, e.g. one "
+                   "batch's worth, so Triton's JIT and the first shapes stay out of the timing")
     p.add_argument("--logprobs", type=int, default=0, help="top logprobs per output token (near-tie checks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokens", action="store_true", help="include every request's output token ids")
@@ -65,6 +67,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def ssm_state_dtype(model_dir: str) -> str | None:
+    """The GDN state dtype the model's config asks for (``mamba_ssm_dtype``). vLLM applies it by itself
+    only to Qwen3.5 architectures; Qwen3-Next's states would otherwise take the model dtype (bf16)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return cfg.get("mamba_ssm_dtype") or cfg.get("text_config", {}).get("mamba_ssm_dtype")
+
+
 def engine_kwargs(args: argparse.Namespace, architecture: str, on_cpu: bool) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         model=args.model_dir, load_format=args.load_format, skip_tokenizer_init=True, dtype=args.dtype,
@@ -77,6 +89,9 @@ def engine_kwargs(args: argparse.Namespace, architecture: str, on_cpu: bool) -> 
         kw["gpu_memory_utilization"] = args.gmu
     if args.kv_cache_bytes is not None:
         kw["kv_cache_memory_bytes"] = args.kv_cache_bytes
+    state_dtype = ssm_state_dtype(args.model_dir)
+    if state_dtype:
+        kw["mamba_ssm_cache_dtype"] = state_dtype
     if "ConditionalGeneration" in architecture:
         kw["language_model_only"] = True
     if not on_cpu:
@@ -203,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         "model_dir": str(args.model_dir),
         "startup_s": startup,
         "kv_cache": kv_plan_report(llm, args.prompt_len + args.output_len),
+        # As the engine resolved it (vLLM may lower the mode it was asked for; the capture lines in its
+        # log say what it captured).
+        "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         "provenance": {
             "vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "device": "cpu" if on_cpu else torch.cuda.get_device_name(0), "host": platform.node(),
@@ -216,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                    for _ in range(args.prompts)]
         params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
                                 logprobs=args.logprobs or None)
+        if args.warmup:
+            llm.generate(prompts[:args.warmup], params, use_tqdm=False)
         sampler = SchedulerSampler(llm)
         t1 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -227,10 +247,11 @@ def main(argv: list[str] | None = None) -> int:
             "total_throughput_tok_s": (n_out + args.prompts * args.prompt_len) / elapsed,
             "scheduler": sampler.summary(), "spec_decode": spec_counters(llm),
         })
-        from .plugin import _STALE
-        result["plugin"] = {"uncommitted_reads": _STALE["rows"]}
+        from .plugin import gdn_path
+        result["plugin"] = {"gdn_path": gdn_path()}
         if args.tokens:
             result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+            result["request_ids"] = [o.request_id for o in outs]      # prompt order, as the engine names them
             if args.logprobs:
                 result["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs]
                                       for o in outs]

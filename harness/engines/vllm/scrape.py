@@ -138,6 +138,36 @@ class Sampler:
 _KV_TOKENS = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
 _BLOCKS = re.compile(r"num_gpu_blocks(?: is|=|:)\s*(\d+)")
+# vLLM's capture progress bars: "Capturing CUDA graphs (decode, FULL)", "(mixed prefill-decode, PIECEWISE)".
+_CAPTURE = re.compile(r"Capturing CUDA graphs \(([a-z -]+), ([A-Z_]+)\)")
+_EAGER = re.compile(r"Cudagraph is disabled under eager mode|enforce_eager=True|cudagraph_mode=NONE|"
+                    r"CUDAGraphMode\.NONE")
+_PATH = re.compile(r"COMMITBENCH_GDN_PATH (\{.*\})")
+
+
+def graph_mode(log_text: str) -> str:
+    """The CUDA-graph mode vLLM ran, from the graphs it captured (not the mode it was asked for):
+    e.g. ``FULL (decode) + PIECEWISE (mixed prefill-decode)``, or ``none`` when it captured none."""
+    seen: dict[str, str] = {}
+    for batch, mode in _CAPTURE.findall(log_text):
+        seen[batch.strip()] = mode
+    if not seen:
+        return "none (eager)" if _EAGER.search(log_text) else "none (no capture in the log)"
+    order = sorted(seen, key=lambda b: b != "decode")
+    return " + ".join(f"{seen[b]} ({b})" for b in order)
+
+
+def gdn_path(log_text: str) -> dict[str, Any] | None:
+    """What the plugin says ran the GDN layers' speculative rows (its tagged line), if it says so."""
+    import json
+
+    m = _PATH.findall(log_text)
+    if not m:
+        return None
+    try:
+        return json.loads(m[-1])
+    except ValueError:
+        return None
 
 
 def startup_facts(log_text: str) -> dict[str, Any]:
@@ -150,4 +180,5 @@ def startup_facts(log_text: str) -> dict[str, Any]:
         out["max_concurrency_max_len"] = float(m[-1][1])
     if m := _BLOCKS.findall(log_text):
         out["num_blocks_logged"] = int(m[-1])
+    out["graph_mode"] = graph_mode(log_text)
     return out

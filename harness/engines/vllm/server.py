@@ -71,8 +71,11 @@ class ServerSettings:
     max_num_batched_tokens: int | None = 8192
     load_format: str = "dummy"
     dtype: str = "bfloat16"
+    # The GDN state's dtype from the model's spec: vLLM applies a config's mamba_ssm_dtype to Qwen3.5
+    # architectures only, so a Qwen3-Next would otherwise keep its states in bf16.
+    ssm_cache_dtype: str | None = None
     enforce_eager: bool = False
-    cudagraph_mode: str | None = "PIECEWISE"   # the plugin's torch path runs outside CUDA graphs
+    cudagraph_mode: str | None = None          # None: vLLM's default (the plugin's op is graph-safe)
     language_model_only: bool = False          # Qwen3.5 checkpoints are multimodal: skip the vision tower
     gdn_prefill_backend: str | None = None     # "triton" on Hopper with vLLM 0.26 (no FlashInfer staged)
     tensor_parallel_size: int = 1
@@ -87,6 +90,8 @@ class ServerSettings:
              "--disable-uvicorn-access-log"]
         if self.max_num_batched_tokens:
             a += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        if self.ssm_cache_dtype:
+            a += ["--mamba-ssm-cache-dtype", self.ssm_cache_dtype]
         if self.kv_cache_bytes is not None:
             a += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
         elif self.gmu is not None:
