@@ -403,7 +403,10 @@ def _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out
 
 def _layer_section(result, shape, cfg, gen, device, copy_bw, console, out) -> None:
     """vLLM's own store_all kernel and each strategy's op as the plugin runs it, per chain and batch
-    (:mod:`.layer`); each row's time relative to vLLM's at the same chain and batch."""
+    (:mod:`.layer`); each row's time relative to vLLM's at the same chain and batch. With
+    ``layer.tune``, each strategy's op first gets its fastest value tile and warps (CUDA-graph time at
+    the largest batch, ``layer.tune_chain``), and a ``no_commit`` variant row times the op without its
+    commit there."""
     from . import layer as L
 
     kernel, where = L.vllm_kernel()
@@ -412,44 +415,62 @@ def _layer_section(result, shape, cfg, gen, device, copy_bw, console, out) -> No
         console.print(f"  [yellow]vLLM's kernel is not importable here[/] ({where['missing']}); "
                       "the layer rows run without their baseline")
     lc = cfg.layer
+    tiles = result["layer"].setdefault("tiles", {})
+    if lc.tune and torch.cuda.is_available() and not tiles:
+        B, k = max(int(b) for b in lc.batches), int(lc.tune_chain)
+        acc = sample_accepted(gen, DraftTree.chain(k, root=True), B, float(cfg.accept_rate))
+        tried = result["layer"].setdefault("tuning", [])
+        for name in lc.strategies:
+            best = None
+            for bv in lc.tune_block_v:
+                for nw in lc.tune_num_warps:
+                    t = {"block_v": int(bv), "num_warps": int(nw)}
+                    row = L.measure_layer(name, k, B, shape, cfg, gen, device, kernel, acc, tiles=t)
+                    tried.append(row)
+                    if row["graph_s"] is not None and (best is None or row["graph_s"] < best[1]):
+                        best = (t, row["graph_s"])
+            if best is not None:
+                tiles[name] = best[0]
+                console.print(f"  layer tiles for {name}: block_v={best[0]['block_v']} "
+                              f"num_warps={best[0]['num_warps']} ({1e6 * best[1]:.1f} us at chain:{k}, batch {B})")
+        _save(out, result)
     names = (["vllm_store_all"] if kernel is not None else []) + list(lc.strategies)
-    have = {(r["strategy"], r["draft"], r["batch"]) for r in result["layer"]["rows"]}
-    for k in lc.chains:
-        for B in lc.batches:
-            k, B = int(k), int(B)
-            tree = DraftTree.chain(k, root=True)
-            accepted = sample_accepted(gen, tree, B, float(cfg.accept_rate))
-            base = None
-            for name in names:
-                if (name, tree.label, B) in have:
-                    continue
-                if name in ("replay", "treewy_deferred") and k + 1 > int(cfg.buffer_len):
-                    continue
-                try:
-                    row = L.measure_layer(name, k, B, shape, cfg, gen, device, kernel, accepted)
-                except torch.cuda.OutOfMemoryError as e:
-                    reason = f"out of GPU memory: {str(e).splitlines()[0]}"
-                    result["failed"].append({"strategy": f"layer:{name}", "draft": tree.label, "batch": B,
-                                             "reason": reason})
-                    torch.cuda.empty_cache()
-                    continue
-                t = row["graph_s"] if row["graph_s"] is not None else row["eager_s"]
-                row["fraction_of_copy"] = row["bytes"] / t / copy_bw
-                if name == "vllm_store_all":
-                    base = row
-                base = base or next((r for r in result["layer"]["rows"] if r["strategy"] == "vllm_store_all"
-                                     and r["draft"] == tree.label and r["batch"] == B), None)
-                if base is not None:
-                    row["eager_vs_vllm"] = row["eager_s"] / base["eager_s"]
-                    row["graph_vs_vllm"] = (row["graph_s"] / base["graph_s"]
-                                            if row["graph_s"] is not None and base["graph_s"] else None)
-                result["layer"]["rows"].append(row)
-                g = f"{1e6 * row['graph_s']:8.1f}" if row["graph_s"] is not None else "       -"
-                console.print(f"    layer {tree.label} B={B:<3d} {name:15s} eager {1e6 * row['eager_s']:8.1f} us"
-                              f"  graph {g} us  {row['states_moved']:.2f} states  "
-                              f"{100 * row['fraction_of_copy']:3.0f}% of copy")
-            _save(out, result)
-
+    have = {(r["strategy"], r["draft"], r["batch"], r.get("variant")) for r in result["layer"]["rows"]}
+    jobs = [(int(k), int(B), name, None) for k in lc.chains for B in lc.batches for name in names]
+    if lc.tune:
+        jobs += [(int(lc.tune_chain), max(int(b) for b in lc.batches), name, "no_commit") for name in lc.strategies]
+    accepted_for: dict[tuple[int, int], torch.Tensor] = {}
+    for k, B, name, variant in jobs:
+        tree = DraftTree.chain(k, root=True)
+        if (name, tree.label, B, variant) in have:
+            continue
+        if name in ("replay", "treewy_deferred") and k + 1 > int(cfg.buffer_len):
+            continue
+        if (k, B) not in accepted_for:   # every op of a (chain, batch) sees the same accepted counts
+            accepted_for[(k, B)] = sample_accepted(gen, tree, B, float(cfg.accept_rate))
+        try:
+            row = L.measure_layer(name, k, B, shape, cfg, gen, device, kernel, accepted_for[(k, B)],
+                                  tiles=tiles.get(name), variant=variant or "")
+        except torch.cuda.OutOfMemoryError as e:
+            reason = f"out of GPU memory: {str(e).splitlines()[0]}"
+            result["failed"].append({"strategy": f"layer:{name}", "draft": tree.label, "batch": B, "reason": reason})
+            torch.cuda.empty_cache()
+            continue
+        t = row["graph_s"] if row["graph_s"] is not None else row["eager_s"]
+        row["fraction_of_copy"] = row["bytes"] / t / copy_bw
+        base = next((r for r in [*result["layer"]["rows"], row] if r["strategy"] == "vllm_store_all"
+                     and r["draft"] == tree.label and r["batch"] == B), None)
+        if base is not None:
+            row["eager_vs_vllm"] = row["eager_s"] / base["eager_s"]
+            row["graph_vs_vllm"] = (row["graph_s"] / base["graph_s"]
+                                    if row["graph_s"] is not None and base["graph_s"] else None)
+        result["layer"]["rows"].append(row)
+        g = f"{1e6 * row['graph_s']:8.1f}" if row["graph_s"] is not None else "       -"
+        label = name + (f":{variant}" if variant else "")
+        console.print(f"    layer {tree.label} B={B:<3d} {label:18s} eager {1e6 * row['eager_s']:8.1f} us"
+                      f"  graph {g} us  {row['states_moved']:.2f} states  "
+                      f"{100 * row['fraction_of_copy']:3.0f}% of copy")
+        _save(out, result)
 
 def _save(out: Path | None, result: dict[str, Any]) -> None:
     if out is None:
@@ -475,7 +496,8 @@ def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str,
             or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):
         return set()
     result["rows"], result["solve"], result["tiles"] = old.get("rows", []), old.get("solve", []), old.get("tiles", {})
-    result["layer"]["rows"] = old.get("layer", {}).get("rows", [])
+    result["layer"].update({k: old.get("layer", {}).get(k) for k in ("rows", "tiles", "tuning")
+                            if old.get("layer", {}).get(k) is not None})
     console.print(f"  resuming {out}: {len(result['rows'])} rows, {len(result['layer']['rows'])} layer rows and "
                   f"{len(result['solve'])} solve points kept")
     return {(r["strategy"], r["draft"], r["batch"]) for r in result["rows"]}
@@ -498,12 +520,20 @@ def print_tables(console, result: dict[str, Any]) -> None:
                        ["draft", "batch", "op", "eager us", "graph us", "x vLLM (eager)", "x vLLM (graph)",
                         "states moved", "% of copy"], left=3)
         for r in layer:
-            t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["strategy"], f"{1e6 * r['eager_s']:.1f}",
+            op = r["strategy"] + (f":{r['variant']}" if r.get("variant") else "")
+            t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), op, f"{1e6 * r['eager_s']:.1f}",
                       "-" if r["graph_s"] is None else f"{1e6 * r['graph_s']:.1f}",
                       "-" if r.get("eager_vs_vllm") is None else f"{r['eager_vs_vllm']:.2f}",
                       "-" if r.get("graph_vs_vllm") is None else f"{r['graph_vs_vllm']:.2f}",
                       f"{r['states_moved']:.2f}", f"{100 * r['fraction_of_copy']:.0f}")
         console.print(t)
+        lt = result["layer"].get("tiles") or {}
+        regs = {r["strategy"]: r.get("kernels", {}).get("paged_step") for r in layer if r.get("kernels")}
+        if lt or regs:
+            console.print("layer op tiles (value columns / warps) and the step kernel's registers / spilled bytes: "
+                          + ", ".join(f"{n} {lt.get(n, {}).get('block_v', '-')}/{lt.get(n, {}).get('num_warps', '-')}"
+                                      f" {(regs.get(n) or {}).get('registers')}/{(regs.get(n) or {}).get('spills')}"
+                                      for n in sorted(set(lt) | set(regs))))
     if result["rows"]:
         t = make_table(f"per layer and step ({result['device']}); whole model = x {L} GDN layers; "
                        f"% = achieved / copy bandwidth ({result['copy_bandwidth'] / 1e9:,.0f} GB/s)",

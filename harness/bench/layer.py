@@ -172,6 +172,15 @@ def timed(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool) -> dict
     return {"median": statistics.median(times), "mean": statistics.fmean(times)}
 
 
+def _resources() -> dict[str, Any]:
+    """Registers and spills of the Triton op's kernels as last launched (empty where the plugin has none)."""
+    try:
+        from strategies.kernels.paged import resources
+    except ImportError:
+        return {}
+    return resources()
+
+
 def _fake_layer(shape: GDNShape, num_spec: int, caches) -> SimpleNamespace:
     """What the plugin reads off a ``QwenGatedDeltaNetAttention`` (TP 1)."""
     return SimpleNamespace(prefix="bench.layers.0.linear_attn", tp_size=1, num_k_heads=shape.num_key_heads,
@@ -180,8 +189,14 @@ def _fake_layer(shape: GDNShape, num_spec: int, caches) -> SimpleNamespace:
 
 
 def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: torch.Generator, device,
-                  kernel: Callable | None, accepted: torch.Tensor) -> dict[str, Any]:
-    """One row: ``vllm_store_all`` (vLLM's kernel) or a strategy through the plugin's op."""
+                  kernel: Callable | None, accepted: torch.Tensor, tiles: dict[str, int] | None = None,
+                  variant: str = "") -> dict[str, Any]:
+    """One row: ``vllm_store_all`` (vLLM's kernel) or a strategy through the plugin's op, with the op's
+    ``tiles`` (block_v, num_warps: the plugin's COMMITBENCH_BLOCK_V / COMMITBENCH_NUM_WARPS). ``variant``
+    ``no_commit``: every call first marks the pages as holding nothing staged, so the op skips its
+    commit (and treewy its state write): the commit's share of the step."""
+    import os
+
     from harness.engines.vllm import plugin
 
     N = num_spec + 1
@@ -200,7 +215,7 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
         graph_safe = True
         bytes_ = layer_traffic(name, B, N, shape, path)
     else:
-        from harness.engines.vllm.paged import StashLayout
+        from strategies.paged import StashLayout
 
         L = int(cfg.buffer_len)
         lay = StashLayout(name, shape.num_key_heads, shape.num_value_heads, shape.key_head_dim,
@@ -212,11 +227,30 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
         # The plugin's metadata patch repeats the one page to the k + 1 columns vLLM reads.
         kw.update(initial_state=caches[1], ssm_state_indices=pages[:, None].expand(B, N))
         layer = _fake_layer(shape, num_spec, caches)
-        fn = lambda: plugin.spec_update(layer, name, L, kernel, **kw)    # noqa: E731
-        graph_safe = bool(getattr(plugin, "GRAPH_SAFE", False))
         header, rows = caches[3], pages.long()
-        for _ in range(3):            # steady state: a verify staged in every page
-            fn()
+        if variant == "no_commit":
+            def fn():
+                header[:, 0].zero_()
+                return plugin.spec_update(layer, name, L, kernel, **kw)
+        else:
+            fn = lambda: plugin.spec_update(layer, name, L, kernel, **kw)    # noqa: E731
+        env = {"COMMITBENCH_BLOCK_V": str(tiles["block_v"]), "COMMITBENCH_NUM_WARPS": str(tiles["num_warps"])} \
+            if tiles else {}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)        # the plugin reads its tiles when it first meets the layer
+        try:
+            for _ in range(3):        # steady state: a verify staged in every page
+                fn()
+        finally:
+            for k, val in saved.items():
+                os.environ.pop(k) if val is None else os.environ.__setitem__(k, val)
+        if tiles:
+            row.update(tiles)
+        row["variant"] = variant or None
+        row["kernels"] = _resources()
+        # Older plugins synced with the host on every call: never captured.
+        graph_safe = getattr(plugin, "graph_safe", lambda _layer: False)(layer)
+        row["graph_safe"] = bool(graph_safe)
         ring = flushes = 0.0
         if name != "treewy":          # the deferred strategies' ring fill and flush rate, as the steps run
             before = int(header[rows, 2].sum())
