@@ -113,17 +113,24 @@ class StashLayout:
         return torch.cat([u.reshape(*lead, -1), k.reshape(*lead, -1), g.reshape(*lead, -1)], -1).float()
 
 
-def gates(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor):
+def gates(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor, dtype=torch.float32):
     """Qwen3-Next / Qwen3.5 gating as vLLM's kernels compute it: ``g = −e^{A_log}·softplus(a + dt_bias)``
-    (softplus with beta 1, threshold 20), ``beta = sigmoid(b)``; a, b ``[T, HV]`` → float32 ``[T, HV]``."""
-    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float(), beta=1.0, threshold=20.0)
-    return g, b.float().sigmoid()
+    (softplus with beta 1, threshold 20), ``beta = sigmoid(b)``; a, b ``[T, HV]`` → ``[T, HV]`` in ``dtype``."""
+    g = -A_log.to(dtype).exp() * torch.nn.functional.softplus(a.to(dtype) + dt_bias.to(dtype), beta=1.0,
+                                                              threshold=20.0)
+    return g, b.to(dtype).sigmoid()
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """flash-linear-attention's ``l2norm_fwd``: ``x / sqrt(Σx² + eps)`` in float32."""
-    x = x.float()
+def l2norm(x: torch.Tensor, eps: float = 1e-6, dtype=torch.float32) -> torch.Tensor:
+    """flash-linear-attention's ``l2norm_fwd``: ``x / sqrt(Σx² + eps)`` in ``dtype`` (float32 as vLLM)."""
+    x = x.to(dtype)
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def compute_dtype(pool: torch.Tensor) -> torch.dtype:
+    """The torch reference's arithmetic: float64 for a float64 pool (an exact reference for the kernels,
+    which compute in float32), else float32 as vLLM's kernels. The stash stays float32 either way."""
+    return torch.float64 if pool.dtype == torch.float64 else torch.float32
 
 
 def pages_of(state_indices: torch.Tensor) -> torch.Tensor:
@@ -214,8 +221,9 @@ class PagedCommit:
     def _torch_step(self, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
                     cu_seqlens, scale, out, probe) -> None:
         T = q.shape[0]
-        g, beta = gates(A_log, a[:T], b[:T], dt_bias)
-        qn, kn, vf = l2norm(q), l2norm(k), v.float()
+        cdt = compute_dtype(pool)
+        g, beta = gates(A_log, a[:T], b[:T], dt_bias, cdt)
+        qn, kn, vf = l2norm(q, dtype=cdt), l2norm(k, dtype=cdt), v.to(cdt)
         ssm = pool.transpose(-1, -2)                        # [P, HV, K, V]: the strategies' layout
         cu = cu_seqlens.tolist()
         pages = pages_of(state_indices).tolist()
@@ -233,11 +241,12 @@ class PagedCommit:
                                DraftTree.chain(n_tok - 1, root=True), scale)
             out[tok] = o.reshape(B * n_tok, *out.shape[1:]).to(out.dtype)
             if probe is not None:
-                probe[rows_t] = h.float()
+                probe[rows_t] = h.to(probe.dtype)
 
     def _group(self, ssm, stash, header, pages, n_acc, q, k, v, g, beta, tree, scale):
         lay = self.layout
-        st = stash[pages]
+        cdt = q.dtype
+        st = stash[pages].to(cdt)
         accepted, length = self._plan(header, pages, n_acc)
         B, N = len(pages), lay.nodes
         shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
@@ -245,7 +254,7 @@ class PagedCommit:
         if lay.strategy == "treewy":
             vt, kk, G = lay.split(st[:, :N])
             prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
-            h = self.strategy.commit(ssm[pages].float(), prev, accepted)
+            h = self.strategy.commit(ssm[pages].to(cdt), prev, accepted)
             ver = self.strategy.verify(h, q, k, v, g, beta, tree, scale)
             ssm[pages] = h.to(ssm.dtype)  # TreeWY's one state write per step
             stash[pages, : tree.num_nodes] = lay.join(ver.stash["v_tilde"], ver.stash["k"], ver.stash["G"])
@@ -267,7 +276,7 @@ class PagedCommit:
     def _history(self, ssm, st, pages, length, shape, prev_tree):
         """The deferred carry of these pages (checkpoint, ring) and their last verify's staged nodes."""
         lay = self.layout
-        h0 = ssm[pages].float()
+        h0 = ssm[pages].to(st.dtype)
         L, B, N = lay.buffer_len, len(pages), lay.nodes
         u, kk, gg = lay.split(st[:, :L])
         hist = History(h0, L, length.clone(), torch.zeros_like(length), u.clone(), kk.clone(), gg.clone())
@@ -302,11 +311,11 @@ class PagedCommit:
         B, N = len(pages), lay.nodes
         shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
         prev_tree = DraftTree.chain(lay.num_spec, root=True)
-        st = stash[pages]
+        st = stash[pages].to(compute_dtype(pool))
         if lay.strategy == "treewy":
             vt, kk, G = lay.split(st[:, :N])
             prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})
-            h = self.strategy.commit(ssm[pages].float(), prev, accepted)
+            h = self.strategy.commit(ssm[pages].to(st.dtype), prev, accepted)
             done = accepted >= 0
             ssm[pages[done]] = h[done].to(ssm.dtype)
         else:
