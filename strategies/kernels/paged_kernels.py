@@ -71,8 +71,7 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
                q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-               STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr,
-               RING_UNROLL: tl.constexpr = 4):
+               STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr):
     """Commit + verify for program (row b · HV + value head, value tile); see the module docstring.
 
     q, k ``[T, H, K]`` and v ``[T, HV, V]`` raw (bf16), a, bg ``[T, HV]`` (the gates' inputs), A_log and
@@ -103,14 +102,15 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     st = stash + page * s_st
     # -- commit the last verify -----------------------------------------------------------------------
     if STRAT == 0:
-        # h_a = e^{G_a} h0 + Σ_{i<cnt} e^{G_a - G_i} k_i ⊗ ṽ_i, the chain's accepted prefix; unrolled and
-        # masked rather than looped, so every slot's loads are in flight at once.
+        # h_a = e^{G_a} h0 + Σ_{i<cnt} e^{G_a - G_i} k_i ⊗ ṽ_i, the chain's accepted prefix. A loop, not
+        # unrolled: an unrolled one holds every slot's ṽ columns in registers at once (each thread keeps all
+        # BV of them) and halves the programs per SM.
         Ga = tl.load(st + (cnt - 1) * W + ODEC + hv, mask=cnt > 0, other=0.)
         h = h * tl.exp(Ga)
-        for i in tl.static_range(N):
-            wi = tl.where(i < cnt, tl.exp(Ga - tl.load(st + i * W + ODEC + hv, mask=i < cnt, other=0.)), 0.)
-            ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk & (ok * 0 + i < cnt), other=0.)
-            ui = tl.load(st + i * W + hv * V + ov, mask=mv & (ov * 0 + i < cnt), other=0.)
+        for i in range(0, cnt):
+            wi = tl.exp(Ga - tl.load(st + i * W + ODEC + hv))
+            ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk, other=0.)
+            ui = tl.load(st + i * W + hv * V + ov, mask=mv, other=0.)
             h += (wi * ui)[:, None] * ki[None, :]
         write = cnt > 0
     else:
@@ -120,20 +120,17 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
             n_ring = length + cnt
         else:
             n_ring = length
-        # The ring in groups of RING_UNROLL tokens: one group's loads in flight at once, registers bounded.
-        for c in range(0, n_ring, RING_UNROLL):
-            for i0 in tl.static_range(RING_UNROLL):
-                i = c + i0
-                gi = tl.load(st + i * W + ODEC + hv, mask=i < n_ring, other=0.)
-                ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk & (ok * 0 + i < n_ring), other=0.)
-                ui = tl.load(st + i * W + hv * V + ov, mask=mv & (ov * 0 + i < n_ring), other=0.)
-                h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
+        for i in range(0, n_ring):
+            gi = tl.load(st + i * W + ODEC + hv)
+            ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk, other=0.)
+            ui = tl.load(st + i * W + hv * V + ov, mask=mv, other=0.)
+            h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
         if STRAT == 2:
             keep = tl.where(flush, 0, cnt)        # accepted tokens that join the ring (none at a flush)
-            for i in tl.static_range(N):
-                gi = tl.load(st + (L + i) * W + ODEC + hv, mask=i < cnt, other=0.)
-                ki = tl.load(st + (L + i) * W + OKEY + hk * K + ok, mask=mk & (ok * 0 + i < cnt), other=0.)
-                ui = tl.load(st + (L + i) * W + hv * V + ov, mask=mv & (ov * 0 + i < cnt), other=0.)
+            for i in range(0, cnt):
+                gi = tl.load(st + (L + i) * W + ODEC + hv)
+                ki = tl.load(st + (L + i) * W + OKEY + hk * K + ok, mask=mk, other=0.)
+                ui = tl.load(st + (L + i) * W + hv * V + ov, mask=mv, other=0.)
                 h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
                 # this program's columns of the accepted path join the ring (keys and decays: paged_finish)
                 tl.store(st + (length + i) * W + hv * V + ov, ui, mask=mv & (ov * 0 + i < keep))
@@ -160,23 +157,27 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     p_b = bg + bos * HV + hv
     p_o = out + (bos * HV + hv) * V + ov
     p_u = st + base * W + hv * V + ov
-    # Unrolled over the N nodes a step can hold, masked past the row's n: the tokens' loads and norms do
-    # not wait for one another, only the state's two reductions per token are a chain.
-    for t in tl.static_range(N):
-        on = t < n
-        bq = tl.load(p_q + t * H * K, mask=mk & (ok * 0 + t < n), other=0.).to(tl.float32)
-        bk = tl.load(p_k + t * H * K, mask=mk & (ok * 0 + t < n), other=0.).to(tl.float32)
-        bv = tl.load(p_v + t * HV * V, mask=mv & (ov * 0 + t < n), other=0.).to(tl.float32)
-        x = tl.load(p_a + t * HV, mask=on, other=0.).to(tl.float32) + dtb
-        gt = tl.where(on, A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x), 0.)   # softplus, threshold 20
-        bt = tl.sigmoid(tl.load(p_b + t * HV, mask=on, other=0.).to(tl.float32))
+    for _ in range(0, n):
+        bq = tl.load(p_q, mask=mk, other=0.).to(tl.float32)
+        bk = tl.load(p_k, mask=mk, other=0.).to(tl.float32)
+        bv = tl.load(p_v, mask=mv, other=0.).to(tl.float32)
+        x = tl.load(p_a).to(tl.float32) + dtb
+        gt = A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x)      # softplus, threshold 20 (vLLM's)
+        bt = tl.sigmoid(tl.load(p_b).to(tl.float32))
         bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
         bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
         h *= tl.exp(gt)
         u = bt * (bv - tl.sum(h * bk[None, :], 1))                  # the delta rule's correction = TreeWY's ṽ
         h += u[:, None] * bk[None, :]
-        tl.store(p_o + t * HV * V, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv & (ov * 0 + t < n))
-        tl.store(p_u + t * W, u, mask=mv & (ov * 0 + t < n))
+        tl.store(p_o, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv)
+        tl.store(p_u, u, mask=mv)
+        p_q += H * K
+        p_k += H * K
+        p_v += HV * V
+        p_a += HV
+        p_b += HV
+        p_o += HV * V
+        p_u += W
 
 
 @triton.jit
