@@ -14,6 +14,9 @@ from typing import Any
 
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
+NO_SPEC = "none"                     # a point's draft without speculation
+NO_SPEC_SERIES = "no_spec"           # its line in figures and tables
+
 
 def _load_label(load: dict) -> tuple[str, float]:
     if load["kind"] == "closed":
@@ -26,7 +29,9 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
     cfg = summary["config"]
     kind, value = _load_label(cfg["load"])
     row = {"point_id": summary["point_id"], "workload": cfg["workload_name"], "gmu": cfg["gmu"],
-           "load_kind": kind, "load": value, "draft": cfg.get("draft") or "none", "strategy": cfg["strategy"],
+           "load_kind": kind, "load": value, "draft": cfg.get("draft") or NO_SPEC, "strategy": cfg["strategy"],
+           # what a figure's line is: the strategy, or speculation off (no strategy involved)
+           "series": cfg["strategy"] if cfg.get("draft") else NO_SPEC_SERIES,
            "engine": summary.get("engine"), "status": summary["status"], "reason": summary.get("reason"),
            "model": cfg["model"]["name"], "gpu": cfg["gpu"]["name"]}
     row.update(summary.get("metrics") or {})
@@ -44,7 +49,7 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
         groups[(r["workload"], r["gmu"], r["load_kind"], r["load"], r["draft"])][r["strategy"]] = r
     classified = []
     for key, by in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        if base not in by:
+        if base not in by or key[4] == NO_SPEC:   # speculation off is a baseline of its own (vs_no_spec)
             continue
         bound, why = memory_bound(by[base], th)
         classified.append({"workload": key[0], "gmu": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
@@ -60,6 +65,7 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
             ratios[s][regime] = {name: geomean([ratio(groups[k][s], groups[k][base], name) for k in sel])
                                  for name in RATIOS}
             ratios[s][regime]["points"] = len(sel)
+    no_spec = vs_no_spec(groups, base)
     n_bound = sum(c["memory_bound"] for c in classified)
     engines = sorted({r["engine"] for r in rows if r["engine"]})
     result = {
@@ -67,11 +73,34 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
         "baseline": base, "thresholds": th.__dict__, "sweep": sweep,
         "counts": {"points": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
                    "groups": len(classified), "memory_bound": n_bound, "label": f"{n_bound}/{len(classified)}"},
-        "groups": classified, "ratios": ratios, "points": rows,
+        "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,
         "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
     }
     Path(store.root / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def vs_no_spec(groups: dict[tuple, dict[str, dict]], base: str) -> dict[str, dict[str, Any]]:
+    """Each strategy under speculation (the baseline included) against speculation off (``draft=none``) at the
+    same (workload, gmu, load): whether to speculate at all comes first for a vLLM user. Split by the
+    speculative group's regime (its baseline's pool exhausted or not); empty without draft=none points."""
+    off = {k[:4]: next(iter(by.values())) for k, by in groups.items() if k[4] == NO_SPEC and by}
+    out: dict[str, dict[str, Any]] = {}
+    if not off:
+        return out
+    pairs: dict[str, dict[str, list]] = defaultdict(lambda: {"memory-bound": [], "not memory-bound": []})
+    for k, by in groups.items():
+        if k[4] == NO_SPEC or k[:4] not in off:
+            continue
+        for s, row in by.items():
+            regime = "memory-bound" if row.get("memory_bound") else "not memory-bound"
+            pairs[s][regime].append((row, off[k[:4]]))
+    for s in sorted(pairs, key=lambda n: (n != base, n)):
+        out[s] = {}
+        for regime, pts in pairs[s].items():
+            out[s][regime] = {name: geomean([ratio(a, b, name) for a, b in pts]) for name in RATIOS}
+            out[s][regime]["points"] = len(pts)
+    return out
 
 
 def print_summary(result: dict[str, Any], console, report: Path | None = None) -> None:
@@ -86,6 +115,13 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
         for regime, row in regimes.items():
             t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
     console.print(t)
+    if result.get("vs_no_spec"):
+        t = make_table("ratios to speculation off (draft=none, same workload, gmu and load; geomean [95% CI])",
+                       ["strategy", "regime", "points", *RATIOS], left=2)
+        for s, regimes in result["vs_no_spec"].items():
+            for regime, row in regimes.items():
+                t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
+        console.print(t)
     for f in result["failed"][:5]:
         console.print(f"  failed: {f['point_id']}: {f['reason']}")
     if report:

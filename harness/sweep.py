@@ -139,11 +139,14 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         for gmu in _as_list(cfg["gmu"]):
             for load, n in loads:
                 for draft in _as_list(cfg["draft"]):
-                    for strategy in _as_list(cfg["strategy"]):
+                    no_spec = draft in (None, "none")
+                    # Speculation off is one baseline per (workload, gmu, load): no strategy is involved (vLLM
+                    # runs its own path, the plugin stays inert), so it runs once, recorded under store_all.
+                    for strategy in (["store_all"] if no_spec else _as_list(cfg["strategy"])):
                         out.append({
                             "model": cfg["model"], "gpu": cfg["gpu"], "engine": engine, "workload": wl,
                             "workload_name": wname, "strategy": strategy,
-                            "draft": None if draft in (None, "none") else draft, "gmu": float(gmu), "load": load,
+                            "draft": None if no_spec else draft, "gmu": float(gmu), "load": load,
                             "requests": n, "max_num_seqs": cfg["max_num_seqs"],
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
                             "max_model_len": cfg["max_model_len"], "seed": cfg.get("seed", 0)})

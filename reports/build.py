@@ -18,7 +18,7 @@ from typing import Any
 from . import figures
 
 COLUMNS = [("point_id", "point"), ("workload", "workload"), ("gmu", "gmu"), ("load", "load"),
-           ("strategy", "strategy"), ("status", "status"), ("memory_bound", "mem-bound"),
+           ("draft", "draft"), ("series", "strategy"), ("status", "status"), ("memory_bound", "mem-bound"),
            ("output_throughput", "out tok/s"), ("ttft_p50", "TTFT p50 s"), ("ttft_p99", "TTFT p99 s"),
            ("tpot_mean", "TPOT s"), ("e2e_mean", "E2E mean s"), ("acceptance_length", "acc. len"),
            ("peak_kv_usage", "peak KV"), ("preemptions", "preempt"), ("max_running", "max running"),
@@ -80,9 +80,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
-def ratio_rows(result: dict[str, Any]) -> list[list[str]]:
+def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:
+    """The regime-split ratio table: to the baseline (``ratios``) or to speculation off (``vs_no_spec``)."""
     rows = []
-    for s, regimes in result["ratios"].items():
+    for s, regimes in (result.get(key) or {}).items():
         for regime, row in regimes.items():
             rows.append([s, regime, str(row["points"]), *[_fmt(row[n]) for n in ("throughput", "p99_ttft",
                                                                                  "mean_e2e", "tpot")]])
@@ -150,6 +151,7 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 "x lower" (baseline / strategy), so above 1 is better throughout.</p>
 <table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead><tbody>{rows}</tbody></table>
 <p>The TreeWY paper's figures for treewy vs store_all in memory-bound points (B200, measured):</p><ul>{paper}</ul>
+{_no_spec_html(result)}
 <h2>Figures</h2>{figs_html}
 <h2>Points</h2><p>Click a column header to sort.</p>
 <div class="scroll"><table id="points"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
@@ -175,6 +177,19 @@ function sortTable(col) {{
 </script>
 </body></html>
 """
+
+
+def _no_spec_html(result: dict[str, Any]) -> str:
+    e = html.escape
+    rows = ratio_rows(result, "vs_no_spec")
+    if not rows:
+        return ""
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return ("<h2>Ratios to speculation off</h2><p>Each strategy under speculation, store_all included, against "
+            "the same (workload, gmu, load) with speculation off (draft=none), split by the speculative group's "
+            "regime: whether to speculate at all.</p>"
+            f"<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead><tbody>{body}"
+            "</tbody></table>")
 
 
 # -- PDF -------------------------------------------------------------------------------
@@ -204,6 +219,19 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
         fig.text(0.05, 0.12, f"provenance: {json.dumps({k: prov.get(k) for k in keys})}", fontsize=7)
         pdf.savefig(fig)
         plt.close(fig)
+        if ratio_rows(result, "vs_no_spec"):
+            fig = plt.figure(figsize=(11.7, 8.3))
+            fig.text(0.05, 0.93, f"Ratios to speculation off (draft=none) — engine: {result['engine']}", fontsize=12,
+                     weight="bold")
+            ax = fig.add_axes([0.05, 0.25, 0.9, 0.6])
+            ax.axis("off")
+            tbl = ax.table(cellText=ratio_rows(result, "vs_no_spec"), colLabels=RATIO_HEAD, loc="upper center",
+                           cellLoc="center")
+            tbl.auto_set_font_size(False)
+            tbl.set_fontsize(8)
+            tbl.scale(1, 1.4)
+            pdf.savefig(fig)
+            plt.close(fig)
         for _, f in figs:
             pdf.savefig(f)
         pts = sorted(result["points"], key=lambda p: (p["workload"], p["gmu"], p["load"], p["strategy"]))

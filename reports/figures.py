@@ -14,8 +14,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-COLORS = {"store_all": "#444444", "replay": "#1f77b4", "treewy": "#d62728", "treewy_deferred": "#2ca02c",
+COLORS = {"no_spec": "#9e9e9e", "store_all": "#444444", "replay": "#1f77b4", "treewy": "#d62728",
+          "treewy_deferred": "#2ca02c",
           "treewy_fused": "#ff9896"}   # the last: kernel benchmark only (TreeWY's commit + verify in one kernel)
+
+
+def _series(p) -> str:
+    """A point's line: its strategy, or ``no_spec`` for speculation off (analysis.sweep.flatten)."""
+    return p.get("series") or p["strategy"]
 
 
 def _ok(result):
@@ -28,7 +34,7 @@ def _engine(result) -> str:
 
 def _strategies(result) -> list[str]:
     order = list(COLORS)
-    names = {p["strategy"] for p in _ok(result)}
+    names = {_series(p) for p in _ok(result)}
     return sorted(names, key=lambda s: (order.index(s) if s in order else 99, s))
 
 
@@ -48,9 +54,9 @@ def _metric_vs_load(result, panels, value, ylabel: str, title: str, ylog: bool =
     for ax, (w, g) in zip(axes, panels):
         for s in _strategies(result):
             sel = sorted((p["load"], v) for p in pts
-                         if p["workload"] == w and p["gmu"] == g and p["strategy"] == s and (v := value(p)) is not None)
+                         if p["workload"] == w and p["gmu"] == g and _series(p) == s and (v := value(p)) is not None)
             if sel:
-                ax.plot(*zip(*sel), marker="o", label=s, color=COLORS.get(s))
+                ax.plot(*zip(*sel), marker="o", label=s, color=COLORS.get(s), ls="--" if s == "no_spec" else "-")
         ax.set_title(f"{w}, gmu {g}", fontsize=9)
         ax.set_xscale("log", base=2)
         if ylog:
@@ -114,7 +120,7 @@ def ttft_cdf(result, requests_of) -> plt.Figure:
     """TTFT CDF per strategy at the most memory-bound group (the baseline's most preemptions, then waits)."""
     pts = _ok(result)
     base = result["baseline"]
-    cands = [p for p in pts if p["strategy"] == base]
+    cands = [p for p in pts if p["strategy"] == base and _series(p) != "no_spec"]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     if not cands:
         return fig
@@ -141,12 +147,12 @@ def ttft_cdf(result, requests_of) -> plt.Figure:
 def acceptance_per_workload(result) -> plt.Figure:
     pts = _ok(result)
     workloads_ = sorted({p["workload"] for p in pts})
-    strats = _strategies(result)
+    strats = [s for s in _strategies(result) if s != "no_spec"]    # no drafts, no acceptance length
     fig, ax = plt.subplots(figsize=(7, 3.4))
     width = 0.8 / max(len(strats), 1)
     for i, s in enumerate(strats):
         vals = [np.nanmean([p.get("acceptance_length") or np.nan for p in pts
-                            if p["workload"] == w and p["strategy"] == s] or [np.nan]) for w in workloads_]
+                            if p["workload"] == w and _series(p) == s] or [np.nan]) for w in workloads_]
         ax.bar(np.arange(len(workloads_)) + i * width, vals, width, label=s, color=COLORS.get(s))
     ax.set_xticks(np.arange(len(workloads_)) + width * (len(strats) - 1) / 2, workloads_, fontsize=8)
     ax.set_ylabel("mean acceptance length")

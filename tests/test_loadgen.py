@@ -110,7 +110,22 @@ def test_startup_lines():
     log = ("INFO [kv_cache_utils.py:2327] CPU KV cache size: 26,112 tokens, Maximum concurrency for 1,024 "
            "tokens per request: 25.50x\n")
     f = scrape.startup_facts(log)
-    assert f == {"kv_cache_tokens": 26112, "max_concurrency_tokens_per_request": 1024, "max_concurrency_max_len": 25.5}
+    assert f == {"kv_cache_tokens": 26112, "max_concurrency_tokens_per_request": 1024, "max_concurrency_max_len": 25.5,
+                 "graph_mode": "none (no capture in the log)"}
+
+
+def test_graph_mode_is_what_vllm_captured_and_the_plugin_path_what_it_said():
+    """The mode a point records comes from vLLM's capture lines (tqdm bars, carriage returns and all), not from
+    the mode it was asked for; the GDN path from the plugin's tagged line, the last one if it repeats."""
+    log = ("INFO ... cudagraph_mode=FULL_AND_PIECEWISE\n"
+           "\rCapturing CUDA graphs (mixed prefill-decode, PIECEWISE):   0%|   | 0/49\rCapturing CUDA graphs "
+           "(mixed prefill-decode, PIECEWISE): 100%|###| 49/49\n"
+           "\rCapturing CUDA graphs (decode, FULL):   2%|   | 1/49\n"
+           'COMMITBENCH_GDN_PATH {"strategy": "treewy", "code": "Triton paged op (strategies/kernels/paged)"}\n')
+    assert scrape.graph_mode(log) == "FULL (decode) + PIECEWISE (mixed prefill-decode)"
+    assert scrape.graph_mode("... Cudagraph is disabled under eager mode ...") == "none (eager)"
+    assert scrape.gdn_path(log)["code"] == "Triton paged op (strategies/kernels/paged)"
+    assert scrape.gdn_path("no such line") is None
 
 
 def test_sampler_refuses_slow_sampling():

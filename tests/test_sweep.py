@@ -52,6 +52,30 @@ def test_sweep_writes_points_analysis_and_reports(tmp_path):
     assert "memory-bound" in out.stdout and "report:" in out.stdout
 
 
+def test_speculation_off_is_one_baseline_per_group(tmp_path):
+    """draft=none runs once per (workload, gmu, load), whatever the strategies, and every strategy under
+    speculation (store_all too) gets its ratio to it; the memory-bound count leaves it out."""
+    out = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "draft=[chain:3,none]")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summaries = list(Store(tmp_path / "s").summaries())
+    off = [s for s in summaries if not s["config"]["draft"]]
+    assert len(summaries) == 6 and len(off) == 2                # 2 loads x (2 strategies + speculation off)
+    assert all(s["point_id"].endswith("-nospec-store_all") and s["metrics"]["acceptance_length"] is None for s in off)
+    a = json.loads((tmp_path / "s" / "analysis.json").read_text())
+    assert a["counts"]["groups"] == 2                             # the speculative groups only
+    by = {p["point_id"]: p for p in a["points"]}
+    for s in ("store_all", "treewy"):
+        got = a["vs_no_spec"][s]["not memory-bound"]
+        assert got["points"] == 2
+        pairs = [(p, by[p["point_id"].replace("chain3-" + s, "nospec-store_all")]) for p in a["points"]
+                 if p["strategy"] == s and p["draft"] != "none"]
+        want = [x["output_throughput"] / y["output_throughput"] for x, y in pairs]
+        assert got["throughput"]["geomean"] == pytest.approx((want[0] * want[1]) ** 0.5)
+    html = (tmp_path / "s" / "report.html").read_text()
+    assert "Ratios to speculation off" in html and "no_spec" in html
+    assert "ratios to speculation off" in out.stdout
+
+
 def test_rerun_skips_finished_points(tmp_path):
     args = ("sweep", *QUICK, f"out={tmp_path / 's'}", "report=false")
     assert harness(*args).returncode == 0
