@@ -33,8 +33,10 @@ GiB = 2 ** 30
 
 # -- timing ---------------------------------------------------------------------------------------
 
-def gpu_seconds(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool = True) -> float:
-    """Median seconds of one ``fn()`` on the GPU; CPU wall time in Triton's interpreter (smoke runs)."""
+def gpu_samples(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool = True) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn()`` on the GPU: CUDA events around each call, or with
+    ``graph`` around each replay of a CUDA graph of one call (launch overhead excluded). CPU wall time
+    where there is no GPU (Triton's interpreter: smoke runs)."""
     for _ in range(warmup):
         fn()
     if not torch.cuda.is_available():
@@ -43,7 +45,7 @@ def gpu_seconds(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool = 
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return times
     torch.cuda.synchronize()
     run = fn
     if graph:
@@ -64,7 +66,12 @@ def gpu_seconds(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool = 
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    return times
+
+
+def gpu_seconds(fn: Callable[[], Any], warmup: int, repeats: int, graph: bool = True) -> float:
+    """Median seconds of one ``fn()`` (:func:`gpu_samples`)."""
+    return statistics.median(gpu_samples(fn, warmup, repeats, graph))
 
 
 def copy_bandwidth(nbytes: int, warmup: int, repeats: int, device: str) -> dict[str, float]:

@@ -63,7 +63,7 @@ def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: tl.constexpr, L: tl.constex
         else:
             flush = length + cnt + N > L
         new_len = tl.where(flush, 0, length + cnt)
-    return page, live, bos, n, length, cnt, flush, new_len
+    return page, bos, n, length, cnt, flush, new_len
 
 
 @triton.jit
@@ -82,11 +82,11 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     b = i_bh // HV
     hv = i_bh % HV
     hk = hv // (HV // H)
-    page, live, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT,
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT,
                                                             COMMIT_ONLY)
     if page <= 0:
         return
-    if not COMMIT_ONLY:
+    if not COMMIT_ONLY:   # (a constexpr and a tensor cannot share one condition)
         if n <= 0:
             return
     W: tl.constexpr = HV * V + H * K + HV
@@ -188,11 +188,11 @@ def paged_finish(stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, k, a, A_log, 
     """After :func:`paged_step`, one program per row: the stash parts a row's programs share (the new
     tokens' keys and decays; treewy_deferred's accepted path into the ring) and the header."""
     b = tl.program_id(0)
-    page, live, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT,
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT,
                                                             COMMIT_ONLY)
     if page <= 0:
         return
-    if not COMMIT_ONLY:
+    if not COMMIT_ONLY:   # (a constexpr and a tensor cannot share one condition)
         if n <= 0:
             return
     W: tl.constexpr = HV * V + H * K + HV
