@@ -43,6 +43,10 @@ HEADER = 4
 STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
 BACKENDS = ("auto", "torch", "triton")
+ALGOS = ("recurrence", "wy")           # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
+#: Value tile and warps per algorithm: recurrence's is the H200's pick for every strategy at batch 256
+#: (results/h200-kernel-speed); wy's the widest that ptxas builds for sm_90 without spilling.
+TILES = {"recurrence": (64, 2), "wy": (64, 8)}
 
 
 @dataclass(frozen=True)
@@ -142,17 +146,25 @@ def pages_of(state_indices: torch.Tensor) -> torch.Tensor:
 class PagedCommit:
     """Run one strategy's commit + verify over a batch of speculative rows of an engine's pages."""
 
-    def __init__(self, layout: StashLayout, backend: str = "auto", block_v: int = 32, num_warps: int = 4):
+    def __init__(self, layout: StashLayout, backend: str = "auto", block_v: int | None = None,
+                 num_warps: int | None = None, algo: str = "recurrence"):
         """``backend``: ``torch`` (the strategies' reference math), ``triton`` (:mod:`strategies.kernels.paged`,
         also on CPU in Triton's interpreter), or ``auto``: Triton where the pages are on a CUDA device and
-        Triton is installed. ``block_v``/``num_warps``: the Triton step's value tile and warps."""
+        Triton is installed. ``block_v``/``num_warps``: the Triton step's value tile and warps (None: the
+        algorithm's default, :data:`TILES`); ``algo``: its arithmetic, ``recurrence`` (token by token) or
+        ``wy`` (TreeWY's matrix form on tensor cores)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)} "
                              f"(the vLLM plugin reads it from COMMITBENCH_KERNELS)")
+        if algo not in ALGOS:
+            raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} "
+                             "(the vLLM plugin reads it from COMMITBENCH_PAGED_ALGO)")
         self.layout = layout
         self.backend = backend
         self.strategy = layout.strategy_obj
-        self.block_v, self.num_warps = int(block_v), int(num_warps)
+        self.block_v = int(block_v or TILES[algo][0])
+        self.num_warps = int(num_warps or TILES[algo][1])
+        self.algo = algo
         self._auto: bool | None = None
 
     def uses_triton(self, device: torch.device) -> bool:
@@ -185,8 +197,9 @@ class PagedCommit:
         if self.uses_triton(pool.device):
             from . import kernels
 
-            kernels.paged_ops().step(self.layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
-                    cu_seqlens, scale, out, probe, self.block_v, self.num_warps)
+            kernels.paged_ops().step(self.layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias,
+                                     state_indices, num_accepted, cu_seqlens, scale, out, probe, self.block_v,
+                                     self.num_warps, self.algo)
             return out
         self._torch_step(pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
                          cu_seqlens, scale, out, probe)
@@ -201,7 +214,8 @@ class PagedCommit:
         if self.uses_triton(pool.device):
             from . import kernels
 
-            kernels.paged_ops().commit(self.layout, pool, stash, header, state_indices, num_accepted, self.block_v, self.num_warps)
+            kernels.paged_ops().commit(self.layout, pool, stash, header, state_indices, num_accepted, self.block_v,
+                                       self.num_warps, self.algo)
             return
         self._torch_commit(pool, stash, header, state_indices, num_accepted)
 

@@ -92,7 +92,7 @@ def test_torch_reference_follows_the_literal_recurrence():
 
 
 def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_len: int, seed: int = 0,
-              block_v: int = 8, commit_every: int = 6, device: str = "cpu"):
+              block_v: int = 8, commit_every: int = 6, device: str = "cpu", algo: str = "recurrence"):
     """The Triton op (float32 pages) and the torch reference (the same pages in float64, the same float32
     stash) on the same steps. Returns the worst relative error of outputs and committed states over all
     steps, the headers (asserted identical at every step) and what the run covered."""
@@ -106,7 +106,8 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
     ref_pages = tri_pages.clone()
     ref_pages.pool = ref_pages.pool.double()          # the reference computes in float64: an exact yardstick
     pages = pages.to(device)
-    ref, tri = PagedCommit(lay, "torch"), PagedCommit(lay, "triton", block_v=block_v)
+    ref, tri = PagedCommit(lay, "torch"), PagedCommit(lay, "triton", block_v=block_v, algo=algo)
+    assert tri.block_v == block_v
     n_acc = torch.ones(R, dtype=torch.int32, device=device)
     prefilled = torch.randn(R, HV_, V_, K_, generator=gen).to(device)
     for pg, op in ((ref_pages, ref), (tri_pages, tri)):
@@ -161,14 +162,18 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
 
 
 @needs_triton
+@pytest.mark.parametrize("algo", ["recurrence", "wy"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("num_spec", [1, 3])
-def test_triton_op_equals_the_torch_reference(strategy, num_spec):
+def test_triton_op_equals_the_torch_reference(strategy, num_spec, algo):
     """20 steps, 3 rows, two value tiles: every accepted count 1..k+1, rows of 1..k+1 tokens and of none,
     padded rows, commit-only steps; the deferred rings (8 tokens) fill and flush at their edge. Outputs and
-    committed states within 1e-5 (fp32 state, bf16 inputs) and identical headers at every step."""
-    worst, header, seen = _run_pair(strategy, num_spec, steps=20, shape=(1, 2, 16, 16), R=3, buffer_len=8)
-    print(f"{strategy} k={num_spec}: worst rel. err {worst:.1e}; {seen}")
+    committed states within 1e-5 (fp32 state, bf16 inputs) and identical headers at every step. Both of the
+    op's arithmetics (wy's tiles are at least 16 value columns: V = 32 there)."""
+    shape, bv = ((1, 2, 16, 16), 8) if algo == "recurrence" else ((1, 2, 16, 32), 16)
+    worst, header, seen = _run_pair(strategy, num_spec, steps=20, shape=shape, R=3, buffer_len=8, block_v=bv,
+                                    algo=algo)
+    print(f"{strategy} k={num_spec} {algo}: worst rel. err {worst:.1e}; {seen}")
     assert worst <= 1e-5
     assert seen["accepted"] == set(range(1, num_spec + 2)) and seen["lens"] == set(range(1, num_spec + 2))
     if strategy != "treewy":
@@ -180,21 +185,24 @@ def test_triton_op_at_the_real_heads():
     """The 35B-A3B heads (H=16, HV=32, K=V=128), k=3, every strategy: 4 steps of 2 rows, one commit-only.
     Whole-width value tiles keep the interpreter's program count down (tiling is what the small test and
     the H200 run at batch 256 cover)."""
-    for strategy in STRATEGIES:
+    for strategy, algo in [(s, "recurrence") for s in STRATEGIES] + [("treewy_deferred", "wy")]:
         worst, _, _ = _run_pair(strategy, 3, steps=4, shape=(16, 32, 128, 128), R=2, buffer_len=8, block_v=128,
-                                commit_every=3)
-        assert worst <= 1e-5, (strategy, worst)
+                                commit_every=3, algo=algo)
+        assert worst <= 1e-5, (strategy, algo, worst)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
+@pytest.mark.parametrize("algo", ["recurrence", "wy"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("num_spec", [1, 3, 7])
-def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec):
-    """The compiled op at the 35B-A3B heads, batch 256, vLLM's tile, 20 steps, against the torch
-    reference on the same GPU: outputs and committed states within 1e-5, identical headers."""
+def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec, algo):
+    """The compiled op at the 35B-A3B heads, batch 256, its default tiles, 20 steps, against the torch
+    reference in float64 on the same GPU: outputs and committed states within 1e-5, identical headers."""
+    from strategies.paged import TILES
+
     worst, _, seen = _run_pair(strategy, num_spec, steps=20, shape=(16, 32, 128, 128), R=256, buffer_len=16,
-                               block_v=32, device="cuda")
-    print(f"{strategy} k={num_spec} batch 256: worst rel. err {worst:.1e}; flushes {sum(seen['flushes'])}")
+                               block_v=TILES[algo][0], device="cuda", algo=algo)
+    print(f"{strategy} k={num_spec} {algo} batch 256: worst rel. err {worst:.1e}; flushes {sum(seen['flushes'])}")
     assert worst <= 1e-5
     assert seen["accepted"] == set(range(1, num_spec + 2))
 

@@ -429,16 +429,20 @@ def _layer_section(result, shape, cfg, gen, device, copy_bw, console, out) -> No
         tried = result["layer"].setdefault("tuning", [])
         for name in lc.strategies:
             best = None
-            for bv in lc.tune_block_v:
-                for nw in lc.tune_num_warps:
-                    t = {"block_v": int(bv), "num_warps": int(nw)}
+            for algo, bv, nw in lc.tune_candidates:
+                t = {"algo": str(algo), "block_v": int(bv), "num_warps": int(nw)}
+                try:
                     row = L.measure_layer(name, k, B, shape, cfg, gen, device, kernel, acc, tiles=t)
-                    tried.append(row)
-                    if row["graph_s"] is not None and (best is None or row["graph_s"] < best[1]):
-                        best = (t, row["graph_s"])
+                except Exception as e:  # a candidate this Triton cannot build or run: say so, try the next
+                    tried.append({"strategy": name, **t, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    console.print(f"  [yellow]layer op {name} {t}: {type(e).__name__}[/] (skipped)")
+                    continue
+                tried.append(row)
+                if row["graph_s"] is not None and (best is None or row["graph_s"] < best[1]):
+                    best = (t, row["graph_s"])
             if best is not None:
                 tiles[name] = best[0]
-                console.print(f"  layer tiles for {name}: block_v={best[0]['block_v']} "
+                console.print(f"  layer op for {name}: {best[0]['algo']}, block_v={best[0]['block_v']} "
                               f"num_warps={best[0]['num_warps']} ({1e6 * best[1]:.1f} us at chain:{k}, batch {B})")
         _save(out, result)
     names = (["vllm_store_all"] if kernel is not None else []) + list(lc.strategies)

@@ -166,7 +166,7 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
                   kernel: Callable | None, accepted: torch.Tensor, tiles: dict[str, int] | None = None,
                   variant: str = "") -> dict[str, Any]:
     """One row: ``vllm_store_all`` (vLLM's kernel) or a strategy through the plugin's op, with the op's
-    ``tiles`` (block_v, num_warps: the plugin's COMMITBENCH_BLOCK_V / COMMITBENCH_NUM_WARPS). ``variant``
+    ``tiles`` (block_v, num_warps, algo: the plugin's COMMITBENCH_BLOCK_V / _NUM_WARPS / _PAGED_ALGO). ``variant``
     ``no_commit``: every call first marks the pages as holding nothing staged, so the op skips its
     commit (and treewy its state write): the commit's share of the step."""
     import os
@@ -208,8 +208,8 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
                 return plugin.spec_update(layer, name, L, kernel, **kw)
         else:
             fn = lambda: plugin.spec_update(layer, name, L, kernel, **kw)
-        env = {"COMMITBENCH_BLOCK_V": str(tiles["block_v"]), "COMMITBENCH_NUM_WARPS": str(tiles["num_warps"])} \
-            if tiles else {}
+        env = {"COMMITBENCH_BLOCK_V": str(tiles["block_v"]), "COMMITBENCH_NUM_WARPS": str(tiles["num_warps"]),
+               "COMMITBENCH_PAGED_ALGO": tiles.get("algo", "recurrence")} if tiles else {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)        # the plugin reads its tiles when it first meets the layer
         try:

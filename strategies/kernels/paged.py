@@ -12,6 +12,9 @@ import triton
 from . import paged_kernels as pk
 
 STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY_DEFERRED}
+#: How the step kernel computes: the gated delta rule token by token on CUDA cores (``recurrence``), or
+#: TreeWY's matrix form on tensor cores (``wy``: three-pass TF32 products, float32 accuracy).
+ALGOS = ("recurrence", "wy")
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}
 
@@ -49,9 +52,21 @@ def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout
             raise ValueError(f"{name}: each page's part must be contiguous (strides {t.stride()})")
 
 
+def _kernel(algo: str, c: dict[str, int], interpreted: bool):
+    """The step kernel for ``algo`` and its extra constants (``wy``: padded token extents, precision)."""
+    if algo == "recurrence":
+        return pk.paged_step, {}
+    if algo != "wy":
+        raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
+    c["BV"] = max(16, c["BV"])           # a tensor-core product's least side
+    return pk.paged_step_wy, {"BN": max(16, triton.next_power_of_2(c["N"])),
+                              "BR": max(16, triton.next_power_of_2(c["L"] + c["N"])),
+                              "PREC": "ieee" if interpreted else "tf32x3"}
+
+
 def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
          scale: float, out: torch.Tensor, probe: torch.Tensor | None = None, block_v: int = 32,
-         num_warps: int = 4) -> None:
+         num_warps: int = 4, algo: str = "recurrence") -> None:
     """See :meth:`strategies.paged.PagedCommit.step` (same arguments); writes ``out`` and the pages."""
     _check(pool, stash, header, layout)
     n = cu_seqlens.shape[0] - 1
@@ -60,17 +75,19 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
     c = _consts(layout, block_v)
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))   # no-ops for vLLM's tensors
     s_idx = state_indices.stride(0)
+    kernel, extra = _kernel(algo, c, pool.device.type != "cuda")
     grid = (n * c["HV"], triton.cdiv(c["V"], c["BV"]))
-    LAUNCHED["paged_step"] = pk.paged_step[grid](
+    LAUNCHED["paged_step"] = kernel[grid](
         pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
         num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out,
-        scale, COMMIT_ONLY=False, PROBE=probe is not None, num_warps=num_warps, **c)
+        scale, COMMIT_ONLY=False, PROBE=probe is not None, num_warps=num_warps, **c, **extra)
     LAUNCHED["paged_finish"] = pk.paged_finish[(n,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens,
         k, a, A_log, dt_bias, COMMIT_ONLY=False, num_warps=4, **_finish_consts(c))
 
 
-def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4) -> None:
+def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4,
+           algo: str = "recurrence") -> None:
     """See :meth:`strategies.paged.PagedCommit.commit`."""
     _check(pool, stash, header, layout)
     n = state_indices.shape[0]
@@ -78,13 +95,14 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
         return
     c = _consts(layout, block_v)
     s_idx = state_indices.stride(0)
+    kernel, extra = _kernel(algo, c, pool.device.type != "cuda")
     grid = (n * c["HV"], triton.cdiv(c["V"], c["BV"]))
     # No tokens: the token arguments are never read; any tensor stands in for them.
     dummy = num_accepted
-    pk.paged_step[grid](
+    kernel[grid](
         pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
         num_accepted, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, pool, pool, 1.0,
-        COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c)
+        COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c, **extra)
     pk.paged_finish[(n,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, dummy,
         dummy, dummy, dummy, dummy, COMMIT_ONLY=True, num_warps=4, **_finish_consts(c))

@@ -247,3 +247,130 @@ def paged_finish(stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, k, a, A_log, 
         tl.store(hdr + 1, new_len)
         wrote = flush & (length + cnt > 0)
         tl.store(hdr + 2, tl.load(hdr + 2) + wrote.to(tl.int32))
+
+
+@triton.jit
+def paged_step_wy(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu,
+                  q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
+                  STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr,
+                  BN: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr):
+    """:func:`paged_step` (same arguments, same results) in TreeWY's matrix form, on tensor cores: the
+    commit is one ``[BV, M] x [M, BK]`` product of the stashed tokens' weighted ṽ and keys, and the verify
+    projects the committed state on every token's key and query with two ``[BV, BK] x [BK, BN]`` products,
+    then solves the chain's ``(I + A) ṽ = r`` on ``[BN, BN]`` tiles. ``BN``: the verify's tokens padded (>= 16,
+    a dot's least side), ``BR``: the deferred strategies' ring plus the staged tokens, padded. ``PREC``:
+    ``tf32x3`` (three TF32 products: float32 accuracy), or ``ieee``. Decays between tokens are sums of the
+    tokens' own log decays, never differences of long prefix sums (which would cancel)."""
+    i_bh = tl.program_id(0)
+    j = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    hk = hv // (HV // H)
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT,
+                                                      COMMIT_ONLY)
+    if page <= 0:
+        return
+    if not COMMIT_ONLY:   # (a constexpr and a tensor cannot share one condition)
+        if n <= 0:
+            return
+    W: tl.constexpr = HV * V + H * K + HV
+    OKEY: tl.constexpr = HV * V
+    ODEC: tl.constexpr = HV * V + H * K
+    ok = tl.arange(0, BK)
+    ov = j * BV + tl.arange(0, BV)
+    mk = ok < K
+    mv = ov < V
+    m2 = mv[:, None] & mk[None, :]
+    tile = pool + page * s_p + hv * s_h + ov[:, None] * s_v + ok[None, :] * s_k
+    h = tl.load(tile, mask=m2, other=0.).to(tl.float32)              # [BV, BK]: state^T
+    st = stash + page * s_st
+    # -- commit: h = e^{total} h0 + Σ_i w_i ṽ_i ⊗ k_i over the tokens since the page's state ----------------
+    if STRAT == 0:
+        tr = tl.arange(0, BN)
+        on = tr < cnt
+        slot = tr
+        Gs = tl.load(st + tr * W + ODEC + hv, mask=on, other=0.)    # cumulative from the page's state
+        total = tl.sum(tl.where(tr == cnt - 1, Gs, 0.), 0)
+        wts = tl.where(on, tl.exp(total - Gs), 0.)
+    else:
+        tr = tl.arange(0, BR)
+        on = tr < length + cnt
+        if STRAT == 1:
+            slot = tr                                                 # the draft is staged in the ring
+        else:
+            slot = tl.where(tr < length, tr, L + tr - length)        # ring, then the staged nodes at L
+        gs = tl.load(st + slot * W + ODEC + hv, mask=on, other=0.)  # per-token log decays
+        later = (tr[None, :] > tr[:, None]) & on[None, :]
+        wts = tl.where(on, tl.exp(tl.sum(tl.where(later, gs[None, :], 0.), 1)), 0.)
+        total = tl.sum(gs, 0)
+    kp = tl.load(st + slot[:, None] * W + OKEY + hk * K + ok[None, :], mask=on[:, None] & mk[None, :], other=0.)
+    up = tl.load(st + slot[None, :] * W + hv * V + ov[:, None], mask=mv[:, None] & on[None, :], other=0.)
+    h = tl.dot(up * wts[None, :], kp, acc=h * tl.exp(total), input_precision=PREC)
+    if STRAT == 0:
+        write = cnt > 0
+    else:
+        if STRAT == 2:   # this program's columns of the accepted path join the ring (keys, decays: paged_finish)
+            keep = tl.where(flush, 0, cnt)
+            joins = (tr >= length) & (tr < length + keep)
+            tl.store(st + tr[None, :] * W + hv * V + ov[:, None], up, mask=mv[:, None] & joins[None, :])
+        write = flush & (length + cnt > 0)
+    if write:
+        tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
+    if PROBE:
+        tl.store(probe + ((b * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
+    if COMMIT_ONLY:
+        return
+    # -- verify the n new tokens from h (TreeWY on a chain) ----------------------------------------------
+    if STRAT == 0:
+        base = new_len * 0
+    elif STRAT == 1:
+        base = new_len
+    else:
+        base = new_len * 0 + L
+    tt = tl.arange(0, BN)
+    ont = tt < n
+    rows = bos + tt
+    # The tokens' keys (rows 0..BN-1) and queries (rows BN..2BN-1) in one tile: one product against h.
+    rr = tl.arange(0, 2 * BN)
+    tok = rr % BN
+    onr = tok < n
+    src = tl.where(rr < BN, k, q)[:, None] + ((bos + tok)[:, None] * H + hk) * K + ok[None, :]
+    kq = tl.load(src, mask=onr[:, None] & mk[None, :], other=0.).to(tl.float32)          # [2BN, BK]
+    kq = kq * (tl.rsqrt(tl.sum(kq * kq, 1) + 1e-6) * tl.where(rr < BN, 1., scale))[:, None]
+    vt = tl.load(v + (rows[None, :] * HV + hv) * V + ov[:, None], mask=mv[:, None] & ont[None, :], other=0.)
+    vt = vt.to(tl.float32)                                                               # [BV, BN]
+    A = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+    x = tl.load(a + rows * HV + hv, mask=ont, other=0.).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
+    gt = tl.where(ont, A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x), 0.)        # softplus, threshold 20
+    bt = tl.where(ont, tl.sigmoid(tl.load(bg + rows * HV + hv, mask=ont, other=0.).to(tl.float32)), 0.)
+    Gt = tl.cumsum(gt, 0)                                                               # decay from h
+    incl = tt[:, None] >= tt[None, :]                                                   # [t, i]: i ⪯ t
+    strict = tt[:, None] > tt[None, :]
+    # log decay from token i to token t: Σ_{i < j <= t} g_j, summed token by token (not G_t - G_i, which
+    # cancels when the decays are long)
+    dlog = tl.zeros([BN, BN], dtype=tl.float32)
+    for jj in tl.static_range(1, N):
+        g_j = tl.sum(tl.where(tt == jj, gt, 0.), 0)
+        dlog += tl.where((tt[None, :] < jj) & (tt[:, None] >= jj), g_j, 0.)
+    dec = tl.where(incl, tl.exp(dlog), 0.)
+    p = tl.dot(h, tl.trans(kq), input_precision=PREC)                                 # [BV, 2BN]
+    pk, pq = tl.split(tl.permute(tl.reshape(p, [BV, 2, BN]), [0, 2, 1]))              # hᵀk_t, hᵀq_t (scaled)
+    kn, _ = tl.split(tl.permute(tl.reshape(kq, [2, BN, BK]), [1, 2, 0]))              # the keys alone
+    gram = tl.dot(kq, tl.trans(kn), input_precision=PREC)                              # [2BN, BN]
+    kk, qk = tl.split(tl.permute(tl.reshape(gram, [2, BN, BN]), [1, 2, 0]))           # k_t·k_i, q_t·k_i
+    amat = tl.where(strict, bt[:, None] * dec * kk, 0.)
+    r = bt[None, :] * (vt - tl.exp(Gt)[None, :] * pk)
+    # (I + A)^{-1} by forward substitution, row by row: M_t = e_t - Σ_{i<t} A_ti M_i
+    eye = tl.where(tt[:, None] == tt[None, :], 1., 0.)
+    minv = eye
+    for t in tl.static_range(1, N):
+        a_t = tl.sum(tl.where(tt[:, None] == t, amat, 0.), 0)                          # row t of A, by i
+        row = tl.where(tt == t, 1., 0.) - tl.sum(a_t[:, None] * minv, 0)
+        minv = tl.where(tt[:, None] == t, row[None, :], minv)
+    vtil = tl.dot(r, tl.trans(minv), input_precision=PREC)                             # [BV, BN]: ṽ_t
+    o = tl.exp(Gt)[None, :] * pq + tl.dot(vtil, tl.trans(tl.where(incl, dec * qk, 0.)), input_precision=PREC)
+    tl.store(out + (rows[None, :] * HV + hv) * V + ov[:, None], o.to(out.dtype.element_ty),
+             mask=mv[:, None] & ont[None, :])
+    tl.store(st + (base + tt)[None, :] * W + hv * V + ov[:, None], vtil, mask=mv[:, None] & ont[None, :])

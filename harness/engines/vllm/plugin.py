@@ -10,7 +10,9 @@ process. Selected by the environment, inert otherwise:
   committed state and outputs (``probe-<pid>.pt`` at exit), for the equivalence test.
 * ``COMMITBENCH_KERNELS``: ``auto`` (default: the Triton op where the pages are on CUDA), ``torch``
   (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
-  ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile (32) and warps (4).
+  ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile and warps (default:
+  ``strategies.paged.TILES``);
+  ``COMMITBENCH_PAGED_ALGO``: its arithmetic, ``recurrence`` (default) or ``wy`` (tensor cores).
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -66,8 +68,10 @@ ENV_PROBE = "COMMITBENCH_PROBE_DIR"
 ENV_SHADOW = "COMMITBENCH_SHADOW"
 ENV_KERNELS = "COMMITBENCH_KERNELS"
 ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
-# The Triton op's value-column tile (default 32, vLLM's own kernel's) and warps per program.
+# The Triton op's value-column tile and warps per program (default: strategies.paged.TILES).
 ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
+# The Triton op's arithmetic: recurrence (token by token, CUDA cores; default) or wy (tensor cores).
+ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
 log = logging.getLogger("commitbench.plugin")
@@ -90,14 +94,14 @@ def selected() -> tuple[str, int]:
     return name, buffer_len
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int | None) -> int | None:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: must be a whole number, e.g. {default}") from None
+        raise ValueError(f"{name}={raw!r}: must be a whole number, e.g. 64") from None
 
 
 def register() -> None:
@@ -276,8 +280,9 @@ class _LayerState:
         layer = self.layer
         return PagedCommit(_stash_layout(name, self.buffer_len, layer.tp_size, layer.num_k_heads,
                                          layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec),
-                           backend=os.environ.get(ENV_KERNELS, "auto"), block_v=_env_int(ENV_BLOCK_V, 32),
-                           num_warps=_env_int(ENV_NUM_WARPS, 4))
+                           backend=os.environ.get(ENV_KERNELS, "auto"), block_v=_env_int(ENV_BLOCK_V, None),
+                           num_warps=_env_int(ENV_NUM_WARPS, None),
+                           algo=os.environ.get(ENV_ALGO, "").strip() or "recurrence")
 
     def caches(self):
         kv = self.layer.kv_cache
@@ -323,7 +328,9 @@ def _note_path(st: "_LayerState", device: torch.device) -> None:
     if st.paged is None:
         code = "vLLM's own kernel (store_all)"
     elif st.paged.uses_triton(device):
-        code = "Triton paged op (strategies/kernels/paged)" + ("" if device.type == "cuda" else ", interpreted")
+        p = st.paged
+        code = (f"Triton paged op (strategies/kernels/paged: {p.algo}, {p.block_v} value columns x "
+                f"{p.num_warps} warps)" + ("" if device.type == "cuda" else ", interpreted"))
     else:
         code = "torch reference (strategies/paged)"
     _PATH.update(strategy=st.name, code=code, device=str(device))
