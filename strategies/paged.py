@@ -234,6 +234,10 @@ class PagedCommit:
 
     def _torch_step(self, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
                     cu_seqlens, scale, out, probe) -> None:
+        if pool.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("PagedCommit(backend='torch') syncs with the host and cannot run inside a CUDA graph "
+                               "capture; use the Triton op (backend auto/triton, COMMITBENCH_KERNELS=auto) or run "
+                               "vLLM with cudagraph_mode PIECEWISE or eager")
         T = q.shape[0]
         cdt = compute_dtype(pool)
         g, beta = gates(A_log, a[:T], b[:T], dt_bias, cdt)
@@ -242,6 +246,9 @@ class PagedCommit:
         cu = cu_seqlens.tolist()
         pages = pages_of(state_indices).tolist()
         lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
+        if max(lens, default=0) > self.layout.nodes:
+            raise ValueError(f"cu_seqlens: a row of {max(lens)} tokens; a step holds at most {self.layout.nodes} "
+                             f"(1 + num_spec={self.layout.num_spec})")
         live = [i for i in range(len(lens)) if lens[i] > 0 and pages[i] > 0]
         # One draft shape per call (the strategies' contract): group rows by tokens verified.
         for n_tok in sorted({lens[i] for i in live}):

@@ -53,7 +53,8 @@ def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: tl.constexpr, L: tl.constex
         n = b * 0
     else:
         bos = tl.load(cu + b).to(tl.int64)
-        n = tl.load(cu + b + 1) - tl.load(cu + b)
+        # A step holds at most N tokens per row (the stash has N slots); more would overrun the page.
+        n = tl.minimum(tl.load(cu + b + 1) - tl.load(cu + b), N)
     if STRAT == 0:
         flush = cnt < 0
         new_len = length
@@ -138,7 +139,7 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     if write:
         tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
     if PROBE:
-        tl.store(probe + ((b * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
+        tl.store(probe + ((b.to(tl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
     if COMMIT_ONLY:
         return
     # -- verify the new tokens from the committed state, in registers (never written back) -----------
@@ -319,7 +320,7 @@ def paged_step_wy(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_i
     if write:
         tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
     if PROBE:
-        tl.store(probe + ((b * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
+        tl.store(probe + ((b.to(tl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
     if COMMIT_ONLY:
         return
     # -- verify the n new tokens from h (TreeWY on a chain) ----------------------------------------------

@@ -208,10 +208,12 @@ def _non_spec_counts(builder, meta, num_accepted, num_draft_cpu) -> torch.Tensor
         return None
     m = idx.shape[0]
     buf = getattr(builder, "_commitbench_num_accepted", None)
-    if buf is None or buf.shape[0] < m:
-        buf = torch.ones(max(m, getattr(builder, "decode_cudagraph_max_bs", 0)), dtype=torch.int32,
-                         device=idx.device)
-        builder._commitbench_num_accepted = buf
+    if buf is None:   # sized once for any batch (a graph keeps the address it captured: never reallocated)
+        sched = getattr(getattr(builder, "vllm_config", None), "scheduler_config", None)
+        size = max(m, getattr(sched, "max_num_seqs", 0) or 0, getattr(builder, "decode_cudagraph_max_bs", 0))
+        buf = builder._commitbench_num_accepted = torch.ones(size, dtype=torch.int32, device=idx.device)
+    if buf.shape[0] < m:   # more rows than max_num_seqs: not a step vLLM runs; a fresh tensor, not the buffer
+        buf = torch.ones(m, dtype=torch.int32, device=idx.device)
     if num_accepted is None:
         buf[:m].fill_(1)
     elif meta.spec_sequence_masks is None:
