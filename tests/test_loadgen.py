@@ -128,6 +128,18 @@ def test_graph_mode_is_what_vllm_captured_and_the_plugin_path_what_it_said():
     assert scrape.gdn_path("no such line") is None
 
 
+def test_jit_compiles_counts_each_compile_the_monitor_logged():
+    """A compile inside a measured run is in its timings: each verbose JIT-monitor line counts, by kernel."""
+    log = ("WARNING 12-01 09:48:37 [jit_monitor.py:135] Triton kernel JIT compilation during inference: "
+           "_causal_conv1d_update_kernel (signature={...}). This causes a latency spike; consider extending warmup\n"
+           "WARNING 12-01 09:48:38 [jit_monitor.py:135] Triton kernel JIT compilation during inference: paged_step. "
+           "This causes a latency spike\n"
+           "WARNING ... Triton kernel JIT compilation during inference: paged_step (constants={COMMIT_ONLY=True})\n"
+           "INFO ... Triton autotuning for paged_step\n")
+    assert scrape.jit_compiles(log) == {"_causal_conv1d_update_kernel": 1, "paged_step": 2}
+    assert scrape.jit_compiles("INFO nothing compiled\n") == {}
+
+
 def test_sampler_refuses_slow_sampling():
     with pytest.raises(ValueError, match="metrics_hz"):
         scrape.Sampler("http://x", hz=1)

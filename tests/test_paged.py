@@ -246,3 +246,21 @@ def test_layout_refuses_store_all_no_speculation_and_a_short_ring():
         StashLayout("treewy", H, HV, K, V, 0)
     with pytest.raises(ValueError, match="buffer_len=3"):
         StashLayout("replay", H, HV, K, V, 3, buffer_len=3)
+
+
+def test_the_plugin_hands_every_path_the_index_strides_the_graphs_captured():
+    """vLLM's full-graph buffer holds the speculative rows' pages as [max_bs, k + 1] (row stride k + 1); its
+    mixed-batch path slices [n, 1] out of the block table (row stride 1). Triton specialises on an integer
+    equal to 1, so without a copy the op (and vLLM's conv update) compiled again mid-run on the H200. The
+    plugin's indices keep row stride k + 1 on every path and leave the full-graph buffer's view alone."""
+    from harness.engines.vllm.plugin import spec_indices
+
+    block_table = torch.arange(1, 13, dtype=torch.int32).reshape(6, 2)
+    one = block_table[torch.tensor([True, False, True, True, False, False]), :1]   # one page per request
+    assert one.stride() == (1, 1)
+    got = spec_indices(one, 4)
+    assert got.shape == (3, 4) and got.stride() == (4, 1)
+    assert torch.equal(got, one.expand(-1, 4))
+    graph_buffer = torch.zeros(8, 4, dtype=torch.int32)[:3]
+    assert spec_indices(graph_buffer, 4) is graph_buffer
+    assert spec_indices(None, 4) is None

@@ -189,6 +189,7 @@ class VLLMEngine:
         server = self._ensure_server(settings)
         vocab = int(point.model.vocab_size)
         warm = self._warm_up(server, point, vocab)
+        log_at = _log_size(server.log_path)
         before = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         sampler = scrape.Sampler(server.url, float(self.cfg.get("metrics_hz", 4)))
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
@@ -209,12 +210,17 @@ class VLLMEngine:
                                   "/health did not answer")
         after = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         diff = scrape.counter_diff(before, after)
+        jit = scrape.jit_compiles(_log_since(server.log_path, log_at))
+        if jit:
+            print(f"  note: vLLM compiled {', '.join(f'{k} x{v}' for k, v in sorted(jit.items()))} during the "
+                  f"measured run of {point.strategy} {point.arrival.describe()}: each compile stalls the batch "
+                  "(recorded as telemetry.jit_compiles_during_run)", file=sys.stderr, flush=True)
         hits = diff.get("vllm:prefix_cache_hits_total")
         if hits:
             raise ServerFailed(f"prefix caching served {hits:.0f} cached tokens during the run although it should "
                                "be off; results would not measure the KV pool")
         return PointResult(engine="vllm", requests=res.records, telemetry=self._telemetry(point, res, sampler, diff,
-                                                                                          warm))
+                                                                                          warm, jit))
 
     def _watchdog(self, server: VLLMServer):
         """Beside the load: the server's process and /health; a reason to stop the run, or never returns."""
@@ -295,7 +301,7 @@ class VLLMEngine:
         return {"requests": n, "seconds": time.perf_counter() - t0, "errors": len(errors)}
 
     def _telemetry(self, point: Point, res: loadgen.LoadResult, sampler: scrape.Sampler, diff: dict[str, Any],
-                   warm: dict[str, Any]) -> dict[str, Any]:
+                   warm: dict[str, Any], jit: dict[str, int]) -> dict[str, Any]:
         st = self.startup
         info = st.get("cache_config", {})
         num_blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks", "None") not in ("None", "") else None
@@ -340,8 +346,30 @@ class VLLMEngine:
                        "p99": float(np.percentile(itl, 99))} if len(itl) else {"mean": None, "p50": None, "p99": None}),
             "loadgen": res.check,
             "warmup": warm,
+            # Triton kernels vLLM's JIT monitor saw compiled inside the measured run ({} = none): the warm-up
+            # did not cover a specialisation, and the point's timings include the compile.
+            "jit_compiles_during_run": jit,
             "duration_s": res.duration_s,
         }
+
+
+def _log_size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _log_since(path: Path | None, offset: int) -> str:
+    """The server log's text from byte ``offset`` on ('' when there is no log)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _gdn_commit(strategy: str, env: dict[str, str], device: str, log: str | None = None) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import random
@@ -82,6 +83,7 @@ def engine_kwargs(args: argparse.Namespace, architecture: str, on_cpu: bool) -> 
         model=args.model_dir, load_format=args.load_format, skip_tokenizer_init=True, dtype=args.dtype,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, enable_prefix_caching=False,
         seed=args.seed, enforce_eager=args.eager, disable_log_stats=False,
+        jit_monitor_verbose=True,   # one log record per Triton compile after the warm-up (JitCounter counts them)
     )
     if args.max_num_batched_tokens:
         kw["max_num_batched_tokens"] = args.max_num_batched_tokens
@@ -105,6 +107,27 @@ def engine_kwargs(args: argparse.Namespace, architecture: str, on_cpu: bool) -> 
             spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=args.rates)
         kw["speculative_config"] = spec
     return kw
+
+
+class JitCounter(logging.Handler):
+    """Counts vLLM's JIT-monitor records (a Triton kernel compiled after the engine's warm-up) by kernel,
+    from the moment :meth:`start` is called: a compile inside the timed run is in its elapsed time."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] | None = None
+
+    def start(self) -> "JitCounter":
+        self.counts = {}
+        return self
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.counts is None:
+            return
+        from .scrape import jit_compiles
+
+        for name, n in jit_compiles(record.getMessage()).items():
+            self.counts[name] = self.counts.get(name, 0) + n
 
 
 def kv_plan_report(llm, tokens_per_request: int) -> dict[str, Any]:
@@ -240,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup:
             llm.generate(prompts[:args.warmup], params, use_tqdm=False)
         sampler = SchedulerSampler(llm)
+        jit = JitCounter()
+        logging.getLogger("vllm.utils.jit_monitor").addHandler(jit.start())
         t1 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t1
@@ -249,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             "output_throughput_tok_s": n_out / elapsed,
             "total_throughput_tok_s": (n_out + args.prompts * args.prompt_len) / elapsed,
             "scheduler": sampler.summary(), "spec_decode": spec_counters(llm),
+            # Triton compiles inside the timed run ({} = none): their seconds are in elapsed_s.
+            "jit_compiles_during_run": jit.counts,
         })
+        if jit.counts:
+            print(f"note: vLLM compiled {jit.counts} during the timed run (--warmup did not cover them)",
+                  file=sys.stderr, flush=True)
         from .plugin import gdn_path
         result["plugin"] = {"gdn_path": gdn_path()}
         if args.tokens:

@@ -185,10 +185,8 @@ def _install_strategy(name: str, buffer_len: int) -> None:
     @functools.wraps(build_fn)
     def build(self, *args, **kwargs):
         meta = build_fn(self, *args, **kwargs)
-        idx = meta.spec_state_indices_tensor
-        want = getattr(self, "num_spec", 0) + 1
-        if idx is not None and idx.dim() == 2 and idx.shape[1] < want:
-            meta.spec_state_indices_tensor = idx[:, :1].expand(-1, want)
+        meta.spec_state_indices_tensor = spec_indices(meta.spec_state_indices_tensor,
+                                                      getattr(self, "num_spec", 0) + 1)
         given = signature.bind(self, *args, **kwargs).arguments
         meta.commitbench_num_accepted = _non_spec_counts(self, meta, given.get("num_accepted_tokens"),
                                                          given.get("num_decode_draft_tokens_cpu"))
@@ -196,6 +194,20 @@ def _install_strategy(name: str, buffer_len: int) -> None:
 
     gdn_attn.GDNAttentionMetadataBuilder.build = build
     log.info("commitbench: GDN state commit strategy %s (one page per request, buffer_len=%d)", name, buffer_len)
+
+
+def spec_indices(idx: torch.Tensor | None, want: int) -> torch.Tensor | None:
+    """The speculative rows' page indices ``[n, want]`` with the strides vLLM's full-graph buffer has.
+
+    With one page per request vLLM slices ``[n, 1]`` out of the block table. Its full-graph path copies
+    that into a persistent ``[max_bs, k + 1]`` buffer (row stride k + 1); its other paths (mixed
+    prefill/decode batches) pass the slice itself (row stride 1). Triton specialises kernels on integer
+    arguments equal to 1, so a stride of 1 compiles the paged op and vLLM's conv-state update a second
+    time, in the middle of a measured run (seen on the H200 as ``JIT compilation during inference:
+    paged_step``). A contiguous ``[n, k + 1]`` copy keeps every path on the strides the graphs captured."""
+    if idx is None or idx.dim() != 2 or idx.shape[1] >= want:
+        return idx
+    return idx[:, :1].expand(-1, want).contiguous()
 
 
 def _non_spec_counts(builder, meta, num_accepted, num_draft_cpu) -> torch.Tensor | None:

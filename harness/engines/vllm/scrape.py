@@ -143,6 +143,8 @@ _CAPTURE = re.compile(r"Capturing CUDA graphs \(([a-z -]+), ([A-Z_]+)\)")
 _EAGER = re.compile(r"Cudagraph is disabled under eager mode|enforce_eager=True|cudagraph_mode=NONE|"
                     r"CUDAGraphMode\.NONE")
 _PATH = re.compile(r"COMMITBENCH_GDN_PATH (\{.*\})")
+# vLLM's JIT monitor (0.26 and 0.32), one line per compile with --jit-monitor-verbose.
+_JIT = re.compile(r"JIT compilation during inference: ([A-Za-z_]\w*)")
 
 
 def graph_mode(log_text: str) -> str:
@@ -168,6 +170,15 @@ def gdn_path(log_text: str) -> dict[str, Any] | None:
         return json.loads(m[-1])
     except ValueError:
         return None
+
+
+def jit_compiles(log_text: str) -> dict[str, int]:
+    """Kernels vLLM's JIT monitor saw compiled after the engine's own warm-up, by name, with counts:
+    each is a compile (a second or more for a big Triton kernel) inside whatever request was running."""
+    out: dict[str, int] = {}
+    for name in _JIT.findall(log_text):
+        out[name] = out.get(name, 0) + 1
+    return out
 
 
 def startup_facts(log_text: str) -> dict[str, Any]:

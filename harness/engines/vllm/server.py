@@ -87,7 +87,10 @@ class ServerSettings:
              "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
              "--load-format", self.load_format, "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
              "--max-num-seqs", str(self.max_num_seqs), "--no-enable-prefix-caching", "--seed", "0",
-             "--disable-uvicorn-access-log"]
+             "--disable-uvicorn-access-log",
+             # every Triton compile after the warm-up, one log line each: the harness counts those that
+             # land inside a measured run (scrape.jit_compiles)
+             "--jit-monitor-verbose"]
         if self.max_num_batched_tokens:
             a += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
         if self.ssm_cache_dtype:
