@@ -86,7 +86,7 @@ class StashLayout:
         return (self.num_value_heads * self.value_head_dim + self.num_key_heads * self.key_head_dim
                 + self.num_value_heads)
 
-    @property
+    @cached_property
     def slots(self) -> int:
         """Token slots, exactly as the strategy's memory accounting counts them."""
         return self.strategy_obj.footprint(DraftTree.chain(self.num_spec, root=True))[1]

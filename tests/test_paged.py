@@ -203,11 +203,7 @@ def test_triton_op_at_the_real_heads():
         assert worst <= 1e-5, (strategy, algo, worst)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
-@pytest.mark.parametrize("algo", ["recurrence", "wy"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("num_spec", [1, 3, 7])
-def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec, algo):
+def _gpu_case(strategy: str, num_spec: int, algo: str) -> None:
     """The compiled op at the 35B-A3B heads, batch 256, its default tiles, 20 steps, against the torch
     reference in float64 on the same GPU: outputs and committed states within 1e-5, identical headers."""
     from strategies.paged import TILES
@@ -217,6 +213,48 @@ def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec, algo):
     print(f"{strategy} k={num_spec} {algo} batch 256: worst rel. err {worst:.1e}; flushes {sum(seen['flushes'])}")
     assert worst <= 1e-5
     assert seen["accepted"] == set(range(1, num_spec + 2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("num_spec", [1, 3, 7])
+def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec):
+    _gpu_case(strategy, num_spec, "recurrence")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("num_spec", [1, 3, 7])
+def test_wy_op_on_the_gpu_at_batch_256(strategy, num_spec):
+    """The tensor-core arithmetic, each case in a process of its own: its compiled kernel hit an illegal
+    memory access on the H200, which would poison this process's CUDA context for every test after it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (f"import sys; sys.path.insert(0, 'tests'); import test_paged as t; "
+            f"t._gpu_case({strategy!r}, {num_spec}, 'wy')")
+    env = {**os.environ, "COMMITBENCH_WY_ON_GPU": "1"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, env=env,
+                         capture_output=True, text=True, timeout=600)
+    print(res.stdout[-2000:])
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@needs_triton
+def test_the_wy_arithmetic_is_refused_compiled_until_it_runs_on_the_gpu(monkeypatch):
+    """wy's compiled kernel crashed on the H200 (illegal address, which poisons the whole CUDA context):
+    the op refuses to compile it unless asked to explicitly; the interpreter keeps testing its arithmetic."""
+    from strategies.kernels import paged as kp
+
+    monkeypatch.delenv(kp.ENV_WY_ON_GPU, raising=False)
+    lay = StashLayout("treewy", H, HV, K, V, num_spec=3)
+    with pytest.raises(RuntimeError, match="illegal memory access.*COMMITBENCH_WY_ON_GPU=1"):
+        kp._kernel("wy", kp._consts(lay, 64), interpreted=False)
+    assert kp._kernel("wy", kp._consts(lay, 64), interpreted=True)[0] is not None
+    monkeypatch.setenv(kp.ENV_WY_ON_GPU, "1")
+    assert kp._kernel("wy", kp._consts(lay, 64), interpreted=False)[1]["PREC"] == "tf32x3"
 
 
 def test_backend_choice():
@@ -264,3 +302,64 @@ def test_the_plugin_hands_every_path_the_index_strides_the_graphs_captured():
     graph_buffer = torch.zeros(8, 4, dtype=torch.int32)[:3]
     assert spec_indices(graph_buffer, 4) is graph_buffer
     assert spec_indices(None, 4) is None
+
+
+def test_the_plugin_finds_the_non_speculative_rows_accepted_counts():
+    """vLLM keeps only the speculative rows' accepted counts; the plugin keeps the others' (row order of
+    ``non_spec_state_indices_tensor``: batch order, drafts < 0), in a buffer sized once."""
+    from types import SimpleNamespace
+
+    from harness.engines.vllm.plugin import _non_spec_counts, non_spec_rows
+
+    drafts = torch.tensor([3, -1, 3, -1, -1, 3])                       # rows 1, 3, 4 drafted nothing
+    assert non_spec_rows(drafts, 3, torch.device("cpu")).tolist() == [1, 3, 4]
+    assert non_spec_rows(drafts, 2, torch.device("cpu")).tolist() == [1, 3]
+    builder = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8)))
+    accepted = torch.tensor([4, 2, 1, 3, 1, 2], dtype=torch.int32)
+    meta = SimpleNamespace(non_spec_state_indices_tensor=torch.tensor([7, 8, 9], dtype=torch.int32),
+                           spec_sequence_masks=drafts >= 0)
+    got = _non_spec_counts(builder, meta, accepted, drafts)
+    assert got.tolist() == [2, 3, 1]
+    buf = builder._commitbench_num_accepted
+    assert buf.shape == (8,) and got.data_ptr() == buf.data_ptr()      # the buffer a graph would capture
+    meta.spec_sequence_masks = None                                       # every row outside the spec path
+    assert _non_spec_counts(builder, meta, accepted, None).tolist() == [4, 2, 1]
+    assert builder._commitbench_num_accepted is buf
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
+def test_the_plugins_per_step_work_never_syncs_with_the_host():
+    """Everything the plugin adds to a step (the metadata patch's counts and indices, the op's step and
+    commit) under torch's sync debug mode, which raises on any host-device synchronisation: vLLM
+    schedules the next step while the GPU runs this one, and one sync per step undoes that."""
+    from types import SimpleNamespace
+
+    from harness.bench.layer import make_pages
+    from harness.engines.vllm.plugin import _non_spec_counts, spec_indices
+    from strategies import GDNShape
+
+    dev = torch.device("cuda")
+    lay = StashLayout("treewy_deferred", 16, 32, 128, 128, 3, 16)
+    _, pool, stash, header = make_pages(9, GDNShape(1, 16, 32, 128, 128), 3, lay, dev)
+    gen = torch.Generator().manual_seed(0)
+    x = {name: t.to(dev) for name, t in vllm_step(gen, [4, 4, 2], shape=(16, 32, 128, 128)).items()}
+    drafts = torch.tensor([3, -1, 3, 3])
+    accepted = torch.tensor([2, 1, 4, 3], dtype=torch.int32, device=dev)
+    builder = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8)))
+    meta = SimpleNamespace(non_spec_state_indices_tensor=torch.tensor([5], dtype=torch.int32, device=dev),
+                           spec_sequence_masks=(drafts >= 0).to(dev))
+    op = PagedCommit(lay, "triton")
+    op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"],
+            torch.tensor([[1] * 4, [2] * 4, [3] * 4], dtype=torch.int32, device=dev), accepted[:3],
+            x["cu_seqlens"])                                              # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        counts = _non_spec_counts(builder, meta, accepted, drafts)
+        idx = spec_indices(torch.tensor([[1], [2], [3]], dtype=torch.int32, device=dev), 4)
+        op.commit(pool, stash, header, meta.non_spec_state_indices_tensor, counts)
+        op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], idx,
+                accepted[:3], x["cu_seqlens"])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert counts.tolist() == [1]

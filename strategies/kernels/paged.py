@@ -6,6 +6,8 @@ engine can capture in a CUDA graph. Sizes come from the layout and the tensors' 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -15,6 +17,8 @@ STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY
 #: How the step kernel computes: the gated delta rule token by token on CUDA cores (``recurrence``), or
 #: TreeWY's matrix form on tensor cores (``wy``: three-pass TF32 products, float32 accuracy).
 ALGOS = ("recurrence", "wy")
+#: Lets the unverified ``wy`` kernel run compiled (it crashed on the H200; see :func:`_kernel`).
+ENV_WY_ON_GPU = "COMMITBENCH_WY_ON_GPU"
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}
 
@@ -38,6 +42,28 @@ def _finish_consts(c: dict[str, int]) -> dict[str, int]:
             "BK": c["BK"], "BHV": triton.next_power_of_2(c["HV"]), "N": c["N"], "L": c["L"], "STRAT": c["STRAT"]}
 
 
+#: What was checked and derived per (layout, tiles, page tensors' metadata): the engine calls the op once per
+#: layer and step with the same pages, so its Python work per call is the launches alone (on the H200 the
+#: step is often waiting on the CPU: vLLM's mixed prefill/decode steps run the GDN layers eagerly).
+_PLANS: dict[tuple, tuple[dict[str, int], object, dict[str, object], dict[str, int]]] = {}
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def _plan(layout, pool, stash, header, block_v: int, algo: str):
+    """(step constants, step kernel, its extra constants, finish constants), checked once per page layout."""
+    key = (layout, int(block_v), algo, _meta(pool), _meta(stash), _meta(header))
+    got = _PLANS.get(key)
+    if got is None:
+        _check(pool, stash, header, layout)
+        c = _consts(layout, block_v)
+        kernel, extra = _kernel(algo, c, pool.device.type != "cuda")
+        got = _PLANS[key] = (c, kernel, extra, _finish_consts(c))
+    return got
+
+
 def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout) -> None:
     HV, V, K = layout.num_value_heads, layout.value_head_dim, layout.key_head_dim
     if pool.dim() != 4 or tuple(pool.shape[1:]) != (HV, V, K):
@@ -58,6 +84,11 @@ def _kernel(algo: str, c: dict[str, int], interpreted: bool):
         return pk.paged_step, {}
     if algo != "wy":
         raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
+    if not interpreted and os.environ.get(ENV_WY_ON_GPU) != "1":
+        raise RuntimeError("algo='wy' (COMMITBENCH_PAGED_ALGO=wy): its compiled kernel hit an illegal memory access "
+                           "on the H200 (Triton 3.6, results/h200-kernel-speed/README.md) although it stays in "
+                           "bounds in Triton's interpreter; use algo='recurrence' (the default), or set "
+                           f"{ENV_WY_ON_GPU}=1 to run it anyway while debugging it")
     c["BV"] = max(16, c["BV"])           # a tensor-core product's least side
     return pk.paged_step_wy, {"BN": max(16, triton.next_power_of_2(c["N"])),
                               "BR": max(16, triton.next_power_of_2(c["L"] + c["N"])),
@@ -68,35 +99,33 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
          scale: float, out: torch.Tensor, probe: torch.Tensor | None = None, block_v: int = 32,
          num_warps: int = 4, algo: str = "recurrence") -> None:
     """See :meth:`strategies.paged.PagedCommit.step` (same arguments); writes ``out`` and the pages."""
-    _check(pool, stash, header, layout)
     n = cu_seqlens.shape[0] - 1
     if n <= 0:
         return
-    c = _consts(layout, block_v)
-    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))   # no-ops for vLLM's tensors
+    c, kernel, extra, fc = _plan(layout, pool, stash, header, block_v, algo)
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and a.is_contiguous()
+            and b.is_contiguous()):   # vLLM's are
+        q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     s_idx = state_indices.stride(0)
-    kernel, extra = _kernel(algo, c, pool.device.type != "cuda")
-    grid = (n * c["HV"], triton.cdiv(c["V"], c["BV"]))
+    grid = (n * c["HV"], -(-c["V"] // c["BV"]))
     LAUNCHED["paged_step"] = kernel[grid](
         pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
         num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out,
         scale, COMMIT_ONLY=False, PROBE=probe is not None, num_warps=num_warps, **c, **extra)
     LAUNCHED["paged_finish"] = pk.paged_finish[(n,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens,
-        k, a, A_log, dt_bias, COMMIT_ONLY=False, num_warps=4, **_finish_consts(c))
+        k, a, A_log, dt_bias, COMMIT_ONLY=False, num_warps=4, **fc)
 
 
 def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4,
            algo: str = "recurrence") -> None:
     """See :meth:`strategies.paged.PagedCommit.commit`."""
-    _check(pool, stash, header, layout)
     n = state_indices.shape[0]
     if n <= 0:
         return
-    c = _consts(layout, block_v)
+    c, kernel, extra, fc = _plan(layout, pool, stash, header, block_v, algo)
     s_idx = state_indices.stride(0)
-    kernel, extra = _kernel(algo, c, pool.device.type != "cuda")
-    grid = (n * c["HV"], triton.cdiv(c["V"], c["BV"]))
+    grid = (n * c["HV"], -(-c["V"] // c["BV"]))
     # No tokens: the token arguments are never read; any tensor stands in for them.
     dummy = num_accepted
     kernel[grid](
@@ -105,4 +134,4 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
         COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c, **extra)
     pk.paged_finish[(n,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, dummy,
-        dummy, dummy, dummy, dummy, COMMIT_ONLY=True, num_warps=4, **_finish_consts(c))
+        dummy, dummy, dummy, dummy, COMMIT_ONLY=True, num_warps=4, **fc)

@@ -231,8 +231,20 @@ def _non_spec_counts(builder, meta, num_accepted, num_draft_cpu) -> torch.Tensor
     elif meta.spec_sequence_masks is None:
         buf[:m].copy_(num_accepted[:m], non_blocking=True)
     else:
-        buf[:m].copy_(num_accepted[~(num_draft_cpu >= 0)][:m], non_blocking=True)
+        buf[:m].copy_(num_accepted.index_select(0, non_spec_rows(num_draft_cpu, m, num_accepted.device)))
     return buf[:m]
+
+
+def non_spec_rows(num_draft_cpu: torch.Tensor, m: int, device: torch.device) -> torch.Tensor:
+    """The batch rows outside the speculative path (vLLM's ``~(num_decode_draft_tokens_cpu >= 0)``), the
+    first ``m`` of them, as a device index tensor, without a host sync. A CUDA tensor indexed by a CPU
+    mask copies the indices with a blocking copy, which synchronises the stream: every mixed
+    prefill/decode step (nearly every step of a closed-loop ShareGPT run) would wait for the previous one
+    to finish, undoing vLLM's asynchronous scheduling. Pinned memory and a non-blocking copy do not."""
+    rows = torch.nonzero(~(num_draft_cpu >= 0)).flatten()[:m]
+    if device.type == "cuda":
+        return rows.pin_memory().to(device, non_blocking=True)
+    return rows.to(device)
 
 
 _two_states: contextvars.ContextVar[bool] = contextvars.ContextVar("commitbench_two_states", default=False)
