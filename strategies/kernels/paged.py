@@ -85,9 +85,10 @@ def _kernel(algo: str, c: dict[str, int], interpreted: bool):
     if algo != "wy":
         raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
     if not interpreted and os.environ.get(ENV_WY_ON_GPU) != "1":
-        raise RuntimeError("algo='wy' (COMMITBENCH_PAGED_ALGO=wy): its compiled kernel hit an illegal memory access "
-                           "on the H200 (Triton 3.6, results/h200-kernel-speed/README.md) although it stays in "
-                           "bounds in Triton's interpreter; use algo='recurrence' (the default), or set "
+        raise RuntimeError("algo='wy' (COMMITBENCH_PAGED_ALGO=wy) is not verified compiled: on the H200 (Triton "
+                           "3.6) its 8-warp kernel hit an illegal memory access although it stays in bounds in "
+                           "Triton's interpreter, and its 4-warp kernel ran 1.7x slower than the recurrence "
+                           "(results/h200-kernel-speed/README.md); use algo='recurrence' (the default), or set "
                            f"{ENV_WY_ON_GPU}=1 to run it anyway while debugging it")
     c["BV"] = max(16, c["BV"])           # a tensor-core product's least side
     return pk.paged_step_wy, {"BN": max(16, triton.next_power_of_2(c["N"])),
