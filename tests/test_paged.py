@@ -174,7 +174,7 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
 
 
 @needs_triton
-@pytest.mark.parametrize(("num_spec", "algo"), [(1, "recurrence"), (3, "recurrence"), (3, "wy")])
+@pytest.mark.parametrize(("num_spec", "algo"), [(1, "recurrence"), (3, "recurrence"), (3, "gram"), (3, "wy")])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_triton_op_equals_the_torch_reference(strategy, num_spec, algo):
     """20 steps, 3 rows, two key heads of two value heads each, two value tiles, on vLLM's strided page
@@ -182,7 +182,7 @@ def test_triton_op_equals_the_torch_reference(strategy, num_spec, algo):
     padded rows, commit-only steps; the deferred rings (8 tokens) fill and flush at their edge. Outputs and
     committed states within 1e-5 (fp32 state, bf16 inputs) and identical headers at every step. Both of the
     op's arithmetics (wy's tiles are at least 16 value columns: V = 32 there)."""
-    shape, bv = ((2, 4, 16, 16), 8) if algo == "recurrence" else ((2, 4, 16, 32), 16)
+    shape, bv = ((2, 4, 16, 16), 8) if algo != "wy" else ((2, 4, 16, 32), 16)
     worst, header, seen = _run_pair(strategy, num_spec, steps=20, shape=shape, R=3, buffer_len=8, block_v=bv,
                                     algo=algo)
     print(f"{strategy} k={num_spec} {algo}: worst rel. err {worst:.1e}; {seen}")
@@ -220,6 +220,13 @@ def _gpu_case(strategy: str, num_spec: int, algo: str) -> None:
 @pytest.mark.parametrize("num_spec", [1, 3, 7])
 def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec):
     _gpu_case(strategy, num_spec, "recurrence")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("num_spec", [1, 3, 7])
+def test_gram_op_on_the_gpu_at_batch_256(strategy, num_spec):
+    _gpu_case(strategy, num_spec, "gram")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")

@@ -14,9 +14,11 @@ import triton
 from . import paged_kernels as pk
 
 STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY_DEFERRED}
-#: How the step kernel computes: the gated delta rule token by token on CUDA cores (``recurrence``), or
-#: TreeWY's matrix form on tensor cores (``wy``: three-pass TF32 products, float32 accuracy).
-ALGOS = ("recurrence", "wy")
+#: How the step kernel verifies: the gated delta rule token by token on CUDA cores (``recurrence``); the
+#: same recurrence unrolled from the committed state (``gram``: every token's projections of the state at
+#: once, then the chain solved with the tokens' Gram scalars, on CUDA cores); or TreeWY's matrix form on
+#: tensor cores (``wy``: three-pass TF32 products, float32 accuracy).
+ALGOS = ("recurrence", "gram", "wy")
 #: Lets the unverified ``wy`` kernel run compiled (it crashed on the H200; see :func:`_kernel`).
 ENV_WY_ON_GPU = "COMMITBENCH_WY_ON_GPU"
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
@@ -82,6 +84,8 @@ def _kernel(algo: str, c: dict[str, int], interpreted: bool):
     """The step kernel for ``algo`` and its extra constants (``wy``: padded token extents, precision)."""
     if algo == "recurrence":
         return pk.paged_step, {}
+    if algo == "gram":
+        return pk.paged_step, {"GRAM": True, "BN": triton.next_power_of_2(c["N"])}
     if algo != "wy":
         raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
     if not interpreted and os.environ.get(ENV_WY_ON_GPU) != "1":

@@ -72,8 +72,15 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
                q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-               STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr):
+               STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr,
+               GRAM: tl.constexpr = False, BN: tl.constexpr = 1):
     """Commit + verify for program (row b · HV + value head, value tile); see the module docstring.
+
+    ``GRAM``: the verify projects the committed state on every token's key and query first (2n
+    reductions of the state tile that do not depend on each other, so they overlap) and solves the
+    chain with the tokens' Gram scalars (``BN``: N padded to a power of two), instead of updating the
+    state token by token (``GRAM=False``: two dependent reductions and two passes over the tile per
+    token). Same outputs and ṽ; the verify never writes the state in either form.
 
     q, k ``[T, H, K]`` and v ``[T, HV, V]`` raw (bf16), a, bg ``[T, HV]`` (the gates' inputs), A_log and
     dt_bias ``[HV]``: ``g = -e^{A_log} softplus(a + dt_bias)``, ``β = sigmoid(bg)``. out ``[T, HV, V]``
@@ -151,6 +158,42 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
         base = new_len * 0 + L
     A = -tl.exp(tl.load(A_log + hv).to(tl.float32))
     dtb = tl.load(dt_bias + hv).to(tl.float32)
+    if GRAM:
+        # u_t = β_t (v_t - e^{G_t} h0ᵀk_t - Σ_{i<t} e^{G_t - G_i} (k_i·k_t) u_i),
+        # o_t = e^{G_t} h0ᵀq_t + Σ_{i<=t} e^{G_t - G_i} (k_i·q_t) u_i: the recurrence unrolled from h0. The
+        # decays are running products of the tokens' own e^{g}, never differences of prefix sums.
+        tt = tl.arange(0, BN)
+        kn = tl.zeros([BN, BK], dtype=tl.float32)      # the normalised keys so far, by token
+        us = tl.zeros([BV, BN], dtype=tl.float32)      # ṽ so far, by token
+        dec = tl.zeros([BN], dtype=tl.float32)         # e^{G_t - G_i} for i <= t
+        e_t = 1.                                        # e^{G_t}
+        for t in tl.static_range(N):
+            live = n > t
+            lk = mk & (ok * 0 + t < n)                  # (vector masks: the interpreter rejects vector & scalar)
+            lv = mv & (ov * 0 + t < n)
+            row = bos + t
+            bk = tl.load(k + (row * H + hk) * K + ok, mask=lk, other=0.).to(tl.float32)
+            bq = tl.load(q + (row * H + hk) * K + ok, mask=lk, other=0.).to(tl.float32)
+            bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
+            bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
+            pk = tl.sum(h * bk[None, :], 1)                                 # h0ᵀk_t  [BV]
+            pq = tl.sum(h * bq[None, :], 1)                                 # h0ᵀq_t  [BV]
+            kn = tl.where(tt[:, None] == t, bk[None, :], kn)
+            kk = tl.sum(kn * bk[None, :], 1)                                # k_i·k_t  [BN]
+            qk = tl.sum(kn * bq[None, :], 1)                                # k_i·q_t  [BN]
+            x = tl.load(a + row * HV + hv, mask=live, other=0.).to(tl.float32) + dtb
+            eg = tl.exp(A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x))  # e^{g_t}, softplus threshold 20
+            bt = tl.sigmoid(tl.load(bg + row * HV + hv, mask=live, other=0.).to(tl.float32))
+            dec = tl.where(tt == t, 1., dec * eg)
+            e_t = e_t * eg
+            bv = tl.load(v + (row * HV + hv) * V + ov, mask=lv, other=0.).to(tl.float32)
+            corr = tl.sum(us * tl.where(tt < t, dec * kk, 0.)[None, :], 1)
+            u = bt * (bv - e_t * pk - corr)
+            us = tl.where(tt[None, :] == t, u[:, None], us)
+            o = e_t * pq + tl.sum(us * tl.where(tt <= t, dec * qk, 0.)[None, :], 1)
+            tl.store(out + (row * HV + hv) * V + ov, o.to(out.dtype.element_ty), mask=lv)
+            tl.store(st + (base + t) * W + hv * V + ov, u, mask=lv)
+        return
     p_q = q + (bos * H + hk) * K + ok
     p_k = k + (bos * H + hk) * K + ok
     p_v = v + (bos * HV + hv) * V + ov

@@ -12,7 +12,8 @@ process. Selected by the environment, inert otherwise:
   (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
   ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile and warps (default:
   ``strategies.paged.TILES``);
-  ``COMMITBENCH_PAGED_ALGO``: its arithmetic, ``recurrence`` (default) or ``wy`` (tensor cores).
+  ``COMMITBENCH_PAGED_ALGO``: its arithmetic, ``recurrence`` (default), ``gram`` or ``wy`` (tensor cores;
+  refused compiled unless ``COMMITBENCH_WY_ON_GPU=1``), see ``strategies.kernels.paged.ALGOS``.
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -70,7 +71,7 @@ ENV_KERNELS = "COMMITBENCH_KERNELS"
 ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
 # The Triton op's value-column tile and warps per program (default: strategies.paged.TILES).
 ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
-# The Triton op's arithmetic: recurrence (token by token, CUDA cores; default) or wy (tensor cores).
+# The Triton op's arithmetic: recurrence (token by token, CUDA cores; default), gram or wy.
 ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
@@ -348,17 +349,20 @@ def gdn_path() -> dict[str, Any]:
     return dict(_PATH)
 
 
+def _code_of(paged, device: torch.device) -> str:
+    """What runs a layer's speculative rows: vLLM's kernel (``paged`` None), the Triton op or the torch one."""
+    if paged is None:
+        return "vLLM's own kernel (store_all)"
+    if paged.uses_triton(device):
+        return (f"Triton paged op (strategies/kernels/paged: {paged.algo}, {paged.block_v} value columns x "
+                f"{paged.num_warps} warps)" + ("" if device.type == "cuda" else ", interpreted"))
+    return "torch reference (strategies/paged)"
+
+
 def _note_path(st: "_LayerState", device: torch.device) -> None:
     if _PATH:
         return
-    if st.paged is None:
-        code = "vLLM's own kernel (store_all)"
-    elif st.paged.uses_triton(device):
-        p = st.paged
-        code = (f"Triton paged op (strategies/kernels/paged: {p.algo}, {p.block_v} value columns x "
-                f"{p.num_warps} warps)" + ("" if device.type == "cuda" else ", interpreted"))
-    else:
-        code = "torch reference (strategies/paged)"
+    code = _code_of(st.paged, device)
     _PATH.update(strategy=st.name, code=code, device=str(device))
     # One tagged line in the server's log, which the harness reads back into every point's record.
     print(f"{PATH_TAG} {json.dumps(_PATH)}", file=sys.stderr, flush=True)
@@ -396,6 +400,7 @@ def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, sta
                               num_accepted, cu_seqlens, scale, out=torch.empty_like(out, dtype=torch.float32),
                               probe=c_sh)
             probe.compare(layer.prefix, key, committed, c_sh, out, o_sh)
+            probe.shadow_code.setdefault(key, _code_of(paged, pool.device))
         return out
     kv = st.caches()
     out = q.new_empty(q.shape[0], v.shape[1], v.shape[2])
@@ -580,6 +585,7 @@ class _Probe:
         self.comparisons: list[dict[str, Any]] = []
         self.drafts: list[torch.Tensor] = []  # [n, 3]: MTP top-1 token, top-2 token, logit margin
         self.steps: dict[str, int] = {}
+        self.shadow_code: dict[str, str] = {}   # what ran each shadow strategy (_code_of)
         self.spec_req_ids: list[str] = []    # the speculative rows' requests, in row order, this step
         atexit.register(self.save)
 
@@ -615,7 +621,8 @@ class _Probe:
 
     def save(self) -> None:
         drafts = torch.cat(self.drafts) if self.drafts else torch.empty(0, 3)
-        torch.save({"records": self.records, "comparisons": self.comparisons, "drafts": drafts}, self.path)
+        torch.save({"records": self.records, "comparisons": self.comparisons, "drafts": drafts,
+                    "shadow_code": self.shadow_code}, self.path)
 
 
 def _install_draft_probe() -> None:
