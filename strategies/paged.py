@@ -43,12 +43,10 @@ HEADER = 4
 STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
 BACKENDS = ("auto", "torch", "triton")
-ALGOS = ("recurrence", "gram", "wy")   # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
+ALGOS = ("recurrence", "gram")         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
 #: Value tile and warps per algorithm: recurrence's is the H200's pick for every strategy at batch 256
-#: (results/h200-kernel-speed); wy's the only one of its tiles that ran there (64 x 4: 250 registers, no
-#: spills, 1.7x the recurrence's time; 8 warps hit an illegal memory access).
-#: gram's is recurrence's until the H200 tunes it (the same state tile in registers).
-TILES = {"recurrence": (64, 2), "gram": (64, 2), "wy": (64, 4)}
+#: (results/h200-kernel-speed); gram's is recurrence's until the H200 tunes it (the same state tile).
+TILES = {"recurrence": (64, 2), "gram": (64, 2)}
 
 
 @dataclass(frozen=True)
@@ -153,9 +151,8 @@ class PagedCommit:
         """``backend``: ``torch`` (the strategies' reference math), ``triton`` (:mod:`strategies.kernels.paged`,
         also on CPU in Triton's interpreter), or ``auto``: Triton where the pages are on a CUDA device and
         Triton is installed. ``block_v``/``num_warps``: the Triton step's value tile and warps (None: the
-        algorithm's default, :data:`TILES`); ``algo``: its arithmetic, ``recurrence`` (token by token),
-        ``gram`` (the recurrence unrolled from the committed state) or ``wy`` (TreeWY's matrix form on
-        tensor cores)."""
+        algorithm's default, :data:`TILES`); ``algo``: its arithmetic, ``recurrence`` (token by token) or
+        ``gram`` (the recurrence unrolled from the committed state)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)} "
                              f"(the vLLM plugin reads it from COMMITBENCH_KERNELS)")

@@ -6,21 +6,18 @@ engine can capture in a CUDA graph. Sizes come from the layout and the tensors' 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
 from . import paged_kernels as pk
 
 STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY_DEFERRED}
-#: How the step kernel verifies: the gated delta rule token by token on CUDA cores (``recurrence``); the
-#: same recurrence unrolled from the committed state (``gram``: every token's projections of the state at
-#: once, then the chain solved with the tokens' Gram scalars, on CUDA cores); or TreeWY's matrix form on
-#: tensor cores (``wy``: three-pass TF32 products, float32 accuracy).
-ALGOS = ("recurrence", "gram", "wy")
-#: Lets the unverified ``wy`` kernel run compiled (it crashed on the H200; see :func:`_kernel`).
-ENV_WY_ON_GPU = "COMMITBENCH_WY_ON_GPU"
+#: How the step kernel verifies: the gated delta rule token by token (``recurrence``), or the same recurrence
+#: unrolled from the committed state (``gram``: every token's projections of the state at once, then the
+#: chain solved with the tokens' Gram scalars). Both on CUDA cores. (A tensor-core form, TreeWY's matrix
+#: form in tf32x3 dots, ran 1.7x slower than the recurrence on the H200 and crashed at 8 warps: e1fc163,
+#: removed.)
+ALGOS = ("recurrence", "gram")
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}
 
@@ -61,8 +58,7 @@ def _plan(layout, pool, stash, header, block_v: int, algo: str):
     if got is None:
         _check(pool, stash, header, layout)
         c = _consts(layout, block_v)
-        kernel, extra = _kernel(algo, c, pool.device.type != "cuda")
-        got = _PLANS[key] = (c, kernel, extra, _finish_consts(c))
+        got = _PLANS[key] = (c, pk.paged_step, _kernel(algo, c), _finish_consts(c))
     return got
 
 
@@ -80,24 +76,13 @@ def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout
             raise ValueError(f"{name}: each page's part must be contiguous (strides {t.stride()})")
 
 
-def _kernel(algo: str, c: dict[str, int], interpreted: bool):
-    """The step kernel for ``algo`` and its extra constants (``wy``: padded token extents, precision)."""
+def _kernel(algo: str, c: dict[str, int]):
+    """The step kernel's extra constants for ``algo``."""
     if algo == "recurrence":
-        return pk.paged_step, {}
+        return {}
     if algo == "gram":
-        return pk.paged_step, {"GRAM": True, "BN": triton.next_power_of_2(c["N"])}
-    if algo != "wy":
-        raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
-    if not interpreted and os.environ.get(ENV_WY_ON_GPU) != "1":
-        raise RuntimeError("algo='wy' (COMMITBENCH_PAGED_ALGO=wy) is not verified compiled: on the H200 (Triton "
-                           "3.6) its 8-warp kernel hit an illegal memory access although it stays in bounds in "
-                           "Triton's interpreter, and its 4-warp kernel ran 1.7x slower than the recurrence "
-                           "(results/h200-kernel-speed/README.md); use algo='recurrence' (the default), or set "
-                           f"{ENV_WY_ON_GPU}=1 to run it anyway while debugging it")
-    c["BV"] = max(16, c["BV"])           # a tensor-core product's least side
-    return pk.paged_step_wy, {"BN": max(16, triton.next_power_of_2(c["N"])),
-                              "BR": max(16, triton.next_power_of_2(c["L"] + c["N"])),
-                              "PREC": "ieee" if interpreted else "tf32x3"}
+        return {"GRAM": True, "BN": triton.next_power_of_2(c["N"])}
+    raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
 
 
 def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
