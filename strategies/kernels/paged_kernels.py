@@ -193,35 +193,35 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
             o = e_t * pq + tl.sum(us * tl.where(tt <= t, dec * qk, 0.)[None, :], 1)
             tl.store(out + (row * HV + hv) * V + ov, o.to(out.dtype.element_ty), mask=lv)
             tl.store(st + (base + t) * W + hv * V + ov, u, mask=lv)
-        return
-    p_q = q + (bos * H + hk) * K + ok
-    p_k = k + (bos * H + hk) * K + ok
-    p_v = v + (bos * HV + hv) * V + ov
-    p_a = a + bos * HV + hv
-    p_b = bg + bos * HV + hv
-    p_o = out + (bos * HV + hv) * V + ov
-    p_u = st + base * W + hv * V + ov
-    for _ in range(0, n):
-        bq = tl.load(p_q, mask=mk, other=0.).to(tl.float32)
-        bk = tl.load(p_k, mask=mk, other=0.).to(tl.float32)
-        bv = tl.load(p_v, mask=mv, other=0.).to(tl.float32)
-        x = tl.load(p_a).to(tl.float32) + dtb
-        gt = A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x)      # softplus, threshold 20 (vLLM's)
-        bt = tl.sigmoid(tl.load(p_b).to(tl.float32))
-        bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
-        bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
-        h *= tl.exp(gt)
-        u = bt * (bv - tl.sum(h * bk[None, :], 1))                  # the delta rule's correction = TreeWY's ṽ
-        h += u[:, None] * bk[None, :]
-        tl.store(p_o, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv)
-        tl.store(p_u, u, mask=mv)
-        p_q += H * K
-        p_k += H * K
-        p_v += HV * V
-        p_a += HV
-        p_b += HV
-        p_o += HV * V
-        p_u += W
+    else:
+        p_q = q + (bos * H + hk) * K + ok
+        p_k = k + (bos * H + hk) * K + ok
+        p_v = v + (bos * HV + hv) * V + ov
+        p_a = a + bos * HV + hv
+        p_b = bg + bos * HV + hv
+        p_o = out + (bos * HV + hv) * V + ov
+        p_u = st + base * W + hv * V + ov
+        for _ in range(0, n):
+            bq = tl.load(p_q, mask=mk, other=0.).to(tl.float32)
+            bk = tl.load(p_k, mask=mk, other=0.).to(tl.float32)
+            bv = tl.load(p_v, mask=mv, other=0.).to(tl.float32)
+            x = tl.load(p_a).to(tl.float32) + dtb
+            gt = A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x)      # softplus, threshold 20 (vLLM's)
+            bt = tl.sigmoid(tl.load(p_b).to(tl.float32))
+            bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
+            bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
+            h *= tl.exp(gt)
+            u = bt * (bv - tl.sum(h * bk[None, :], 1))              # the delta rule's correction = TreeWY's ṽ
+            h += u[:, None] * bk[None, :]
+            tl.store(p_o, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv)
+            tl.store(p_u, u, mask=mv)
+            p_q += H * K
+            p_k += H * K
+            p_v += HV * V
+            p_a += HV
+            p_b += HV
+            p_o += HV * V
+            p_u += W
 
 
 @triton.jit
