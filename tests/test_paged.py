@@ -323,14 +323,34 @@ def test_the_plugins_per_step_work_never_syncs_with_the_host():
     op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"],
             torch.tensor([[1] * 4, [2] * 4, [3] * 4], dtype=torch.int32, device=dev), accepted[:3],
             x["cu_seqlens"])                                              # compile outside the check
+    op.commit(pool, stash, header, meta.non_spec_state_indices_tensor, accepted[:1])
+    one_page = torch.tensor([[1], [2], [3]], dtype=torch.int32, device=dev)   # (a list -> CUDA copy syncs)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         counts = _non_spec_counts(builder, meta, accepted, drafts)
-        idx = spec_indices(torch.tensor([[1], [2], [3]], dtype=torch.int32, device=dev), 4)
+        idx = spec_indices(one_page, 4)
         op.commit(pool, stash, header, meta.non_spec_state_indices_tensor, counts)
         op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], idx,
                 accepted[:3], x["cu_seqlens"])
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert counts.tolist() == [1]
+
+
+def test_the_shadow_summary_takes_the_worst_and_refuses_a_diverged_shadow():
+    """The summary committed for the H200's shadow check: per strategy and layer the worst errors (a NaN
+    would slip through max() unless it came first, so it is an error), and the code that ran each shadow."""
+    from harness.engines.vllm.shadow import summarize
+
+    comps = [{"layer": f"l{i % 2}", "step": i // 2, "shadow": s, "state_rel_err": e, "out_rel_err": 10 * e}
+             for i, e in enumerate([1e-7, 4e-7, 2e-7, 3e-7]) for s in ("treewy", "replay")]
+    got = summarize({"comparisons": comps, "shadow_code": {"treewy": "Triton paged op"}})
+    assert got["layer_steps"] == 4 and got["per_strategy"]["treewy"]["state_rel_err_max"] == 4e-7
+    assert got["per_strategy"]["treewy"]["code"] == "Triton paged op" and got["per_strategy"]["replay"]["code"] is None
+    assert {(r["strategy"], r["layer"]): r["out_rel_err_max"] for r in got["per_layer"]}[("replay", "l1")] == 4e-6
+    comps[5]["state_rel_err"] = float("nan")
+    with pytest.raises(ValueError, match="not finite.*diverged"):
+        summarize({"comparisons": comps})
+    with pytest.raises(ValueError, match="no shadow comparisons"):
+        summarize({"comparisons": []})

@@ -113,7 +113,7 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
     n = state_indices.shape[0]
     if n <= 0:
         return
-    c, kernel, extra, fc = _plan(layout, pool, stash, header, block_v, algo)
+    c, kernel, _, fc = _plan(layout, pool, stash, header, block_v, algo)   # (no verify: no arithmetic's extras)
     s_idx = state_indices.stride(0)
     grid = (n * c["HV"], -(-c["V"] // c["BV"]))
     # No tokens: the token arguments are never read; any tensor stands in for them.
@@ -121,7 +121,7 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
     kernel[grid](
         pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
         num_accepted, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, pool, pool, 1.0,
-        COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c, **extra)
+        COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c)
     pk.paged_finish[(n,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, dummy,
         dummy, dummy, dummy, dummy, COMMIT_ONLY=True, num_warps=4, **fc)

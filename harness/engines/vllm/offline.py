@@ -274,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             "output_throughput_tok_s": n_out / elapsed,
             "total_throughput_tok_s": (n_out + args.prompts * args.prompt_len) / elapsed,
             "scheduler": sampler.summary(), "spec_decode": spec_counters(llm),
-            # Triton compiles inside the timed run ({} = none): their seconds are in elapsed_s.
-            "jit_compiles_during_run": jit.counts,
+            # Triton compiles inside the timed run ({} = none): their seconds are in elapsed_s. None when the
+            # engine core runs in a child process, whose log records this process never sees.
+            "jit_compiles_during_run": jit.counts if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+            else None,
         })
         if jit.counts:
             print(f"note: vLLM compiled {jit.counts} during the timed run (--warmup did not cover them)",

@@ -11,6 +11,7 @@ state (float32 pages) and of the layer's outputs (vLLM's are bf16).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -27,6 +28,11 @@ def summarize(probe: dict[str, Any]) -> dict[str, Any]:
     if not comps:
         raise ValueError("the probe holds no shadow comparisons: run the offline engine with --strategy store_all "
                          "--shadow STRATEGIES --probe-dir DIR (and speculative decoding on)")
+    bad = [c for c in comps if not (math.isfinite(c["state_rel_err"]) and math.isfinite(c["out_rel_err"]))]
+    if bad:   # max() would quietly skip a NaN that is not first
+        c = bad[0]
+        raise ValueError(f"{len(bad)} comparisons are not finite (first: {c['shadow']} at {c['layer']} step "
+                         f"{c['step']}: state {c['state_rel_err']}, outputs {c['out_rel_err']}): the shadow diverged")
     per_strategy: dict[str, Any] = {}
     per_layer: list[dict[str, Any]] = []
     for shadow in sorted({c["shadow"] for c in comps}):
