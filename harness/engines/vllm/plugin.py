@@ -215,7 +215,8 @@ def _non_spec_counts(builder, meta, num_accepted, num_draft_cpu) -> torch.Tensor
     """vLLM's accepted counts of the rows outside the speculative path this step (row-aligned with
     ``meta.non_spec_state_indices_tensor``; vLLM keeps only the speculative rows' counts), so that the
     plugin can commit those rows' pages before vLLM's own kernels read them. They land in a buffer the
-    builder keeps (CUDA graphs replay fixed addresses); selecting rows with a CPU mask never syncs."""
+    builder keeps (CUDA graphs replay fixed addresses); the rows are picked with pinned, non-blocking
+    indices (:func:`non_spec_rows`), never with a CPU mask on a CUDA tensor, which syncs."""
     idx = meta.non_spec_state_indices_tensor
     if idx is None:
         return None
