@@ -109,16 +109,13 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
     c = result["counts"]
     console.print(f"[bold]{c['points']} points[/] ({c['failed']} failed), engine: {result['engine']}; "
                   f"memory-bound ({result['baseline']}'s pool exhausted): {c['label']}")
-    t = make_table(f"ratios to {result['baseline']} (geomean [95% CI]; latencies: x lower)",
-                   ["strategy", "regime", "points", *RATIOS], left=2)
-    for s, regimes in result["ratios"].items():
-        for regime, row in regimes.items():
-            t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
-    console.print(t)
+    tables = [(f"ratios to {result['baseline']} (geomean [95% CI]; latencies: x lower)", result["ratios"])]
     if result.get("vs_no_spec"):
-        t = make_table("ratios to speculation off (draft=none, same workload, gmu and load; geomean [95% CI])",
-                       ["strategy", "regime", "points", *RATIOS], left=2)
-        for s, regimes in result["vs_no_spec"].items():
+        tables.append(("ratios to speculation off (draft=none, same workload, gmu and load; geomean [95% CI])",
+                       result["vs_no_spec"]))
+    for title, ratios in tables:
+        t = make_table(title, ["strategy", "regime", "points", *RATIOS], left=2)
+        for s, regimes in ratios.items():
             for regime, row in regimes.items():
                 t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
         console.print(t)

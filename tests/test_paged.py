@@ -354,3 +354,11 @@ def test_the_shadow_summary_takes_the_worst_and_refuses_a_diverged_shadow():
         summarize({"comparisons": comps})
     with pytest.raises(ValueError, match="no shadow comparisons"):
         summarize({"comparisons": []})
+
+
+def test_only_the_strategies_torch_reference_keeps_vllm_off_full_graphs():
+    from harness.engines.vllm.plugin import needs_piecewise
+
+    assert needs_piecewise("treewy", "torch") and needs_piecewise("replay", " torch ")
+    assert not needs_piecewise("store_all", "torch")                  # vLLM's own kernel: graph-safe
+    assert not any(needs_piecewise("treewy", k) for k in (None, "auto", "triton"))

@@ -44,7 +44,7 @@ def _finish_consts(c: dict[str, int]) -> dict[str, int]:
 #: What was checked and derived per (layout, tiles, page tensors' metadata): the engine calls the op once per
 #: layer and step with the same pages, so its Python work per call is the launches alone (on the H200 the
 #: step is often waiting on the CPU: vLLM's mixed prefill/decode steps run the GDN layers eagerly).
-_PLANS: dict[tuple, tuple[dict[str, int], object, dict[str, object], dict[str, int]]] = {}
+_PLANS: dict[tuple, tuple[dict[str, int], dict[str, object], dict[str, int]]] = {}
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -52,13 +52,13 @@ def _meta(t: torch.Tensor) -> tuple:
 
 
 def _plan(layout, pool, stash, header, block_v: int, algo: str):
-    """(step constants, step kernel, its extra constants, finish constants), checked once per page layout."""
+    """(step constants, the arithmetic's extra constants, finish constants), checked once per page layout."""
     key = (layout, int(block_v), algo, _meta(pool), _meta(stash), _meta(header))
     got = _PLANS.get(key)
     if got is None:
         _check(pool, stash, header, layout)
         c = _consts(layout, block_v)
-        got = _PLANS[key] = (c, pk.paged_step, _kernel(algo, c), _finish_consts(c))
+        got = _PLANS[key] = (c, _algo_consts(algo, c), _finish_consts(c))
     return got
 
 
@@ -76,7 +76,7 @@ def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout
             raise ValueError(f"{name}: each page's part must be contiguous (strides {t.stride()})")
 
 
-def _kernel(algo: str, c: dict[str, int]):
+def _algo_consts(algo: str, c: dict[str, int]) -> dict[str, object]:
     """The step kernel's extra constants for ``algo``."""
     if algo == "recurrence":
         return {}
@@ -92,13 +92,13 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
     n = cu_seqlens.shape[0] - 1
     if n <= 0:
         return
-    c, kernel, extra, fc = _plan(layout, pool, stash, header, block_v, algo)
+    c, extra, fc = _plan(layout, pool, stash, header, block_v, algo)
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and a.is_contiguous()
             and b.is_contiguous()):   # vLLM's are
         q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     s_idx = state_indices.stride(0)
     grid = (n * c["HV"], -(-c["V"] // c["BV"]))
-    LAUNCHED["paged_step"] = kernel[grid](
+    LAUNCHED["paged_step"] = pk.paged_step[grid](
         pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
         num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out,
         scale, COMMIT_ONLY=False, PROBE=probe is not None, num_warps=num_warps, **c, **extra)
@@ -113,12 +113,12 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
     n = state_indices.shape[0]
     if n <= 0:
         return
-    c, kernel, _, fc = _plan(layout, pool, stash, header, block_v, algo)   # (no verify: no arithmetic's extras)
+    c, _, fc = _plan(layout, pool, stash, header, block_v, algo)   # (no verify: no arithmetic's extras)
     s_idx = state_indices.stride(0)
     grid = (n * c["HV"], -(-c["V"] // c["BV"]))
     # No tokens: the token arguments are never read; any tensor stands in for them.
     dummy = num_accepted
-    kernel[grid](
+    pk.paged_step[grid](
         pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
         num_accepted, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, pool, pool, 1.0,
         COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c)

@@ -37,6 +37,7 @@ from workloads import Arrival, Request
 
 from ..base import Point, PointResult
 from . import loadgen, scrape
+from .plugin import ENV_KERNELS, needs_piecewise
 from .server import ServerFailed, ServerSettings, VLLMServer
 
 DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commitbench" / "models"
@@ -81,8 +82,7 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
     env = tuple(sorted(env_map.items()))
     strategy = point.strategy if tree is not None else "store_all"
     mode = cfg.get("cudagraph_mode")
-    if mode is None and strategy != "store_all" and env_map.get("COMMITBENCH_KERNELS") == "torch":
-        # The strategies' torch reference syncs with the host: vLLM could not capture it in a full graph.
+    if mode is None and needs_piecewise(strategy, env_map.get(ENV_KERNELS)):
         mode = "PIECEWISE"
     return ServerSettings(
         model_dir=str(model_dir), strategy=strategy,

@@ -25,7 +25,7 @@ from math import ceil
 from pathlib import Path
 from typing import Any
 
-from .plugin import ENV_BUFFER_LEN, ENV_PROBE, ENV_SHADOW, ENV_STRATEGY, STRATEGIES
+from .plugin import ENV_BUFFER_LEN, ENV_KERNELS, ENV_PROBE, ENV_SHADOW, ENV_STRATEGY, STRATEGIES, needs_piecewise
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,8 +98,7 @@ def engine_kwargs(args: argparse.Namespace, architecture: str, on_cpu: bool) -> 
         kw["language_model_only"] = True
     if not on_cpu:
         kw["gdn_prefill_backend"] = "triton"  # FlashInfer is not staged on the H200 host
-        if args.strategy != "store_all" and os.environ.get("COMMITBENCH_KERNELS") == "torch" and not args.eager:
-            # the strategies' torch reference syncs with the host: no full graphs around it
+        if not args.eager and needs_piecewise(args.strategy, os.environ.get(ENV_KERNELS)):
             kw["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
     if args.num_spec:
         spec: dict[str, Any] = {"method": "mtp", "num_speculative_tokens": args.num_spec}

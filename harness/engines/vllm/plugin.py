@@ -95,6 +95,12 @@ def selected() -> tuple[str, int]:
     return name, buffer_len
 
 
+def needs_piecewise(strategy: str, kernels: str | None) -> bool:
+    """True when vLLM must not capture full CUDA graphs around the strategy's GDN op: its torch reference
+    (``COMMITBENCH_KERNELS=torch``) syncs with the host, which a graph capture cannot hold."""
+    return strategy != "store_all" and (kernels or "auto").strip() == "torch"
+
+
 def _env_int(name: str, default: int | None) -> int | None:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -241,7 +247,7 @@ def non_spec_rows(num_draft_cpu: torch.Tensor, m: int, device: torch.device) -> 
     """The batch rows outside the speculative path (vLLM's ``~(num_decode_draft_tokens_cpu >= 0)``), the
     first ``m`` of them, as a device index tensor, without a host sync. A CUDA tensor indexed by a CPU
     mask copies the indices with a blocking copy, which synchronises the stream: every mixed
-    prefill/decode step (nearly every step of a closed-loop ShareGPT run) would wait for the previous one
+    prefill/decode step (most steps of a closed-loop ShareGPT run) would wait for the previous one
     to finish, undoing vLLM's asynchronous scheduling. Pinned memory and a non-blocking copy do not."""
     rows = torch.nonzero(~(num_draft_cpu >= 0)).flatten()[:m]
     if device.type == "cuda":
