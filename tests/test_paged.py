@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from strategies import DraftTree, kernels, tree_recurrence
-from strategies.paged import PagedCommit, StashLayout, gates, l2norm
+from strategies.paged import ALGOS, PagedCommit, StashLayout, gates, l2norm
 
 from conftest import rel_err
 
@@ -174,7 +174,7 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
 
 
 @needs_triton
-@pytest.mark.parametrize(("num_spec", "algo"), [(1, "recurrence"), (3, "recurrence"), (3, "gram")])
+@pytest.mark.parametrize(("num_spec", "algo"), [(1, "recurrence"), (3, "recurrence"), (3, "gram"), (3, "gram_page")])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_triton_op_equals_the_torch_reference(strategy, num_spec, algo):
     """20 steps, 3 rows, two key heads of two value heads each, two value tiles, on vLLM's strided page
@@ -196,7 +196,8 @@ def test_triton_op_at_the_real_heads():
     """The 35B-A3B heads (H=16, HV=32, K=V=128), k=3, every strategy: 4 steps of 2 rows, one commit-only.
     Whole-width value tiles keep the interpreter's program count down (tiling is what the small test and
     the H200 run at batch 256 cover)."""
-    for strategy, algo in [(s, "recurrence") for s in STRATEGIES] + [("treewy_deferred", "gram")]:
+    for strategy, algo in [(s, "recurrence") for s in STRATEGIES] + [("treewy_deferred", "gram"),
+                                                                      ("replay", "gram_page")]:
         worst, _, _ = _run_pair(strategy, 3, steps=4, shape=(16, 32, 128, 128), R=2, buffer_len=8, block_v=128,
                                 commit_every=3, algo=algo)
         assert worst <= 1e-5, (strategy, algo, worst)
@@ -215,17 +216,11 @@ def _gpu_case(strategy: str, num_spec: int, algo: str) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("num_spec", [1, 3, 7])
-def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec):
-    _gpu_case(strategy, num_spec, "recurrence")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("num_spec", [1, 3, 7])
-def test_gram_op_on_the_gpu_at_batch_256(strategy, num_spec):
-    _gpu_case(strategy, num_spec, "gram")
+def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec, algo):
+    _gpu_case(strategy, num_spec, algo)
 
 
 def test_backend_choice():

@@ -68,12 +68,55 @@ def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: tl.constexpr, L: tl.constex
 
 
 @triton.jit
+def _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K: tl.constexpr, V: tl.constexpr,
+               W: tl.constexpr, OKEY: tl.constexpr, ODEC: tl.constexpr, L: tl.constexpr, STRAT: tl.constexpr,
+               RING_APPEND: tl.constexpr):
+    """The row's committed state tile from the page's ``h`` ``[BV, BK]`` and the stash (the last verify's
+    ``cnt`` accepted tokens; the deferred strategies' ring too). ``RING_APPEND``: treewy_deferred's accepted
+    path joins the ring on the way (this program's u columns; keys and decays: paged_finish)."""
+    if STRAT == 0:
+        # h_a = e^{G_a} h0 + Σ_{i<cnt} e^{G_a - G_i} k_i ⊗ ṽ_i, the chain's accepted prefix. A loop, not
+        # unrolled: an unrolled one holds every slot's ṽ columns in registers at once (each thread keeps all
+        # BV of them) and halves the programs per SM.
+        Ga = tl.load(st + (cnt - 1) * W + ODEC + hv, mask=cnt > 0, other=0.)
+        h = h * tl.exp(Ga)
+        for i in range(0, cnt):
+            wi = tl.exp(Ga - tl.load(st + i * W + ODEC + hv))
+            ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk, other=0.)
+            ui = tl.load(st + i * W + hv * V + ov, mask=mv, other=0.)
+            h += (wi * ui)[:, None] * ki[None, :]
+    else:
+        # The committed state: the checkpoint, then the buffered tokens, then the accepted ones of the
+        # last verify (replay stages them in the ring right behind the history; treewy_deferred at L).
+        if STRAT == 1:
+            n_ring = length + cnt
+        else:
+            n_ring = length
+        for i in range(0, n_ring):
+            gi = tl.load(st + i * W + ODEC + hv)
+            ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk, other=0.)
+            ui = tl.load(st + i * W + hv * V + ov, mask=mv, other=0.)
+            h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
+        if STRAT == 2:
+            keep = tl.where(flush, 0, cnt)        # accepted tokens that join the ring (none at a flush)
+            for i in range(0, cnt):
+                gi = tl.load(st + (L + i) * W + ODEC + hv)
+                ki = tl.load(st + (L + i) * W + OKEY + hk * K + ok, mask=mk, other=0.)
+                ui = tl.load(st + (L + i) * W + hv * V + ov, mask=mv, other=0.)
+                h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
+                if RING_APPEND:
+                    tl.store(st + (length + i) * W + hv * V + ov, ui, mask=mv & (ov * 0 + i < keep))
+    return h
+
+
+@triton.jit
 def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu,
                q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
                STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr,
-               GRAM: tl.constexpr = False, BN: tl.constexpr = 1):
+               GRAM: tl.constexpr = False, BN: tl.constexpr = 1, PROJ: tl.constexpr = False,
+               BR: tl.constexpr = 1):
     """Commit + verify for program (row b · HV + value head, value tile); see the module docstring.
 
     ``GRAM``: the verify projects the committed state on every token's key and query first (2n
@@ -108,45 +151,18 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     tile = pool + page * s_p + hv * s_h + ov[:, None] * s_v + ok[None, :] * s_k
     h = tl.load(tile, mask=m2, other=0.).to(tl.float32)              # [BV, BK]: state^T, V-major like vLLM's
     st = stash + page * s_st
-    # -- commit the last verify -----------------------------------------------------------------------
+    tile_out = probe + ((b.to(tl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None]
     if STRAT == 0:
-        # h_a = e^{G_a} h0 + Σ_{i<cnt} e^{G_a - G_i} k_i ⊗ ṽ_i, the chain's accepted prefix. A loop, not
-        # unrolled: an unrolled one holds every slot's ṽ columns in registers at once (each thread keeps all
-        # BV of them) and halves the programs per SM.
-        Ga = tl.load(st + (cnt - 1) * W + ODEC + hv, mask=cnt > 0, other=0.)
-        h = h * tl.exp(Ga)
-        for i in range(0, cnt):
-            wi = tl.exp(Ga - tl.load(st + i * W + ODEC + hv))
-            ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk, other=0.)
-            ui = tl.load(st + i * W + hv * V + ov, mask=mv, other=0.)
-            h += (wi * ui)[:, None] * ki[None, :]
         write = cnt > 0
     else:
-        # The committed state: the checkpoint, then the buffered tokens, then the accepted ones of the
-        # last verify (replay stages them in the ring right behind the history; treewy_deferred at L).
-        if STRAT == 1:
-            n_ring = length + cnt
-        else:
-            n_ring = length
-        for i in range(0, n_ring):
-            gi = tl.load(st + i * W + ODEC + hv)
-            ki = tl.load(st + i * W + OKEY + hk * K + ok, mask=mk, other=0.)
-            ui = tl.load(st + i * W + hv * V + ov, mask=mv, other=0.)
-            h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
-        if STRAT == 2:
-            keep = tl.where(flush, 0, cnt)        # accepted tokens that join the ring (none at a flush)
-            for i in range(0, cnt):
-                gi = tl.load(st + (L + i) * W + ODEC + hv)
-                ki = tl.load(st + (L + i) * W + OKEY + hk * K + ok, mask=mk, other=0.)
-                ui = tl.load(st + (L + i) * W + hv * V + ov, mask=mv, other=0.)
-                h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
-                # this program's columns of the accepted path join the ring (keys and decays: paged_finish)
-                tl.store(st + (length + i) * W + hv * V + ov, ui, mask=mv & (ov * 0 + i < keep))
         write = flush & (length + cnt > 0)
-    if write:
-        tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
-    if PROBE:
-        tl.store(probe + ((b.to(tl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
+    # -- commit the last verify (PROJ: after the verify, which then reads the page as it is) ----------
+    if not PROJ:
+        h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L, STRAT, True)
+        if write:
+            tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
+        if PROBE:
+            tl.store(tile_out, h, mask=m2)
     if COMMIT_ONLY:
         return
     # -- verify the new tokens from the committed state, in registers (never written back) -----------
@@ -162,6 +178,34 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
         # u_t = β_t (v_t - e^{G_t} h0ᵀk_t - Σ_{i<t} e^{G_t - G_i} (k_i·k_t) u_i),
         # o_t = e^{G_t} h0ᵀq_t + Σ_{i<=t} e^{G_t - G_i} (k_i·q_t) u_i: the recurrence unrolled from h0. The
         # decays are running products of the tokens' own e^{g}, never differences of prefix sums.
+        if PROJ:
+            # The committed state is h_c = D0 h + Σ_{r<R} D_r u_r ⊗ k_r over the staged/ring entries r (the
+            # page's state h is the last verify's start, or the checkpoint), so its projections are the page's
+            # plus the entries' Gram terms, and the verify needs no committed tile: the commit's rank update
+            # runs after it, independent of it, and only where the strategy writes (or for the probe).
+            rr = tl.arange(0, BR)
+            if STRAT == 0:
+                R = cnt
+                slot = rr
+            else:
+                R = length + cnt
+                if STRAT == 1:
+                    slot = rr
+                else:
+                    slot = tl.where(rr < length, rr, L + rr - length)
+            mr = rr < R
+            lg = tl.load(st + slot * W + ODEC + hv, mask=mr, other=0.)
+            if STRAT == 0:     # cumulative G from the page's state
+                Ga = tl.sum(tl.where(rr == R - 1, lg, 0.))
+                D = tl.where(mr, tl.exp(Ga - lg), 0.)
+            else:              # per-token g: the decay from entry r to the end is the suffix sum
+                Ga = tl.sum(lg)
+                D = tl.where(mr, tl.exp(Ga - tl.cumsum(lg, 0)), 0.)
+            D0 = tl.exp(Ga)
+            Kr = tl.load(st + slot[:, None] * W + OKEY + hk * K + ok[None, :], mask=mr[:, None] & mk[None, :],
+                         other=0.)                                                     # [BR, BK]
+            Ur = tl.load(st + slot[None, :] * W + hv * V + ov[:, None], mask=mv[:, None] & mr[None, :],
+                         other=0.)                                                     # [BV, BR]
         tt = tl.arange(0, BN)
         kn = tl.zeros([BN, BK], dtype=tl.float32)      # the normalised keys so far, by token
         us = tl.zeros([BV, BN], dtype=tl.float32)      # ṽ so far, by token
@@ -178,6 +222,9 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
             bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
             pk = tl.sum(h * bk[None, :], 1)                                 # h0ᵀk_t  [BV]
             pq = tl.sum(h * bq[None, :], 1)                                 # h0ᵀq_t  [BV]
+            if PROJ:
+                pk = D0 * pk + tl.sum(Ur * (D * tl.sum(Kr * bk[None, :], 1))[None, :], 1)
+                pq = D0 * pq + tl.sum(Ur * (D * tl.sum(Kr * bq[None, :], 1))[None, :], 1)
             kn = tl.where(tt[:, None] == t, bk[None, :], kn)
             kk = tl.sum(kn * bk[None, :], 1)                                # k_i·k_t  [BN]
             qk = tl.sum(kn * bq[None, :], 1)                                # k_i·q_t  [BN]
@@ -192,7 +239,25 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
             us = tl.where(tt[None, :] == t, u[:, None], us)
             o = e_t * pq + tl.sum(us * tl.where(tt <= t, dec * qk, 0.)[None, :], 1)
             tl.store(out + (row * HV + hv) * V + ov, o.to(out.dtype.element_ty), mask=lv)
-            tl.store(st + (base + t) * W + hv * V + ov, u, mask=lv)
+            if not PROJ:
+                tl.store(st + (base + t) * W + hv * V + ov, u, mask=lv)
+        if PROJ:
+            # Now the commit (it reads the stash's old u, so before the new u are written), then the new u.
+            if PROBE:
+                h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L, STRAT,
+                               False)
+                tl.store(tile_out, h, mask=m2)
+                if write:
+                    tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
+            else:
+                if write:
+                    h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L,
+                                   STRAT, False)
+                    tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
+            if STRAT == 2:     # this program's columns of the accepted path join the ring (not at a flush)
+                tl.store(st + rr[None, :] * W + hv * V + ov[:, None], Ur,
+                         mask=mv[:, None] & ((rr >= length) & (rr < R) & (rr * 0 + flush.to(tl.int32) == 0))[None, :])
+            tl.store(st + (base + tt[None, :]) * W + hv * V + ov[:, None], us, mask=mv[:, None] & (tt < n)[None, :])
     else:
         p_q = q + (bos * H + hk) * K + ok
         p_k = k + (bos * H + hk) * K + ok
