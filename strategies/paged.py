@@ -43,10 +43,10 @@ HEADER = 4
 STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
 BACKENDS = ("auto", "torch", "triton")
-ALGOS = ("recurrence", "gram", "gram_page")         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
+ALGOS = ("recurrence", "fused", "gram", "gram_page")         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
 #: Value tile and warps per algorithm: recurrence's is the H200's pick for every strategy at batch 256
 #: (results/h200-kernel-speed); gram's is recurrence's until the H200 tunes it (the same state tile).
-TILES = {"recurrence": (64, 2), "gram": (64, 2), "gram_page": (64, 2)}
+TILES = {"recurrence": (64, 2), "fused": (64, 2), "gram": (64, 2), "gram_page": (64, 2)}
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
 
 
 @needs_triton
-@pytest.mark.parametrize(("num_spec", "algo"), [(1, "recurrence"), (3, "recurrence"), (3, "gram"), (3, "gram_page")])
+@pytest.mark.parametrize(("num_spec", "algo"), [(1, "recurrence"), (3, "recurrence"), (3, "gram"), (3, "gram_page"), (3, "fused")])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_triton_op_equals_the_torch_reference(strategy, num_spec, algo):
     """20 steps, 3 rows, two key heads of two value heads each, two value tiles, on vLLM's strided page

@@ -17,7 +17,7 @@ STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY
 #: chain solved with the tokens' Gram scalars). Both on CUDA cores. (A tensor-core form, TreeWY's matrix
 #: form in tf32x3 dots, ran 1.7x slower than the recurrence on the H200 and crashed at 8 warps: e1fc163,
 #: removed.)
-ALGOS = ("recurrence", "gram", "gram_page")
+ALGOS = ("recurrence", "fused", "gram", "gram_page")
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}
 
@@ -80,6 +80,8 @@ def _algo_consts(algo: str, c: dict[str, int]) -> dict[str, object]:
     """The step kernel's extra constants for ``algo``."""
     if algo == "recurrence":
         return {}
+    if algo == "fused":
+        return {"FUSED": True}
     if algo == "gram":
         return {"GRAM": True, "BN": triton.next_power_of_2(c["N"])}
     if algo == "gram_page":

@@ -116,7 +116,7 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
                BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
                STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr,
                GRAM: tl.constexpr = False, BN: tl.constexpr = 1, PROJ: tl.constexpr = False,
-               BR: tl.constexpr = 1):
+               BR: tl.constexpr = 1, FUSED: tl.constexpr = False):
     """Commit + verify for program (row b · HV + value head, value tile); see the module docstring.
 
     ``GRAM``: the verify projects the committed state on every token's key and query first (2n
@@ -275,10 +275,21 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
             bt = tl.sigmoid(tl.load(p_b).to(tl.float32))
             bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
             bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
-            h *= tl.exp(gt)
-            u = bt * (bv - tl.sum(h * bk[None, :], 1))              # the delta rule's correction = TreeWY's ṽ
-            h += u[:, None] * bk[None, :]
-            tl.store(p_o, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv)
+            if FUSED:
+                # both projections from one pass over the tile (independent reductions), the decay and the
+                # rank-1 update folded into one more: o = e h·q + u (k·q), h' = e h + u ⊗ k
+                e = tl.exp(gt)
+                pk = tl.sum(h * bk[None, :], 1)
+                pq = tl.sum(h * bq[None, :], 1)
+                u = bt * (bv - e * pk)
+                o = e * pq + u * tl.sum(bk * bq)
+                h = h * e + u[:, None] * bk[None, :]
+                tl.store(p_o, o.to(out.dtype.element_ty), mask=mv)
+            else:
+                h *= tl.exp(gt)
+                u = bt * (bv - tl.sum(h * bk[None, :], 1))          # the delta rule's correction = TreeWY's ṽ
+                h += u[:, None] * bk[None, :]
+                tl.store(p_o, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv)
             tl.store(p_u, u, mask=mv)
             p_q += H * K
             p_k += H * K
