@@ -43,10 +43,9 @@ HEADER = 4
 STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
 BACKENDS = ("auto", "torch", "triton")
-ALGOS = ("recurrence", "fused", "gram", "gram_page")         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
-#: Value tile and warps per algorithm: recurrence's is the H200's pick for every strategy at batch 256
-#: (results/h200-kernel-speed); gram's is recurrence's until the H200 tunes it (the same state tile).
-TILES = {"recurrence": (64, 2), "fused": (64, 2), "gram": (64, 2), "gram_page": (64, 2)}
+ALGOS = ("recurrence",)         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
+#: Value tile and warps per algorithm: the H200's pick for every strategy at batch 256 (results/h200-kernel-speed).
+TILES = {"recurrence": (64, 2)}
 
 
 @dataclass(frozen=True)
@@ -151,8 +150,8 @@ class PagedCommit:
         """``backend``: ``torch`` (the strategies' reference math), ``triton`` (:mod:`strategies.kernels.paged`,
         also on CPU in Triton's interpreter), or ``auto``: Triton where the pages are on a CUDA device and
         Triton is installed. ``block_v``/``num_warps``: the Triton step's value tile and warps (None: the
-        algorithm's default, :data:`TILES`); ``algo``: its arithmetic, ``recurrence`` (token by token) or
-        ``gram`` (the recurrence unrolled from the committed state)."""
+        algorithm's default, :data:`TILES`); ``algo``: its arithmetic (:data:`ALGOS`: ``recurrence``, token by
+        token)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)} "
                              f"(the vLLM plugin reads it from COMMITBENCH_KERNELS)")

@@ -12,12 +12,12 @@ import triton
 from . import paged_kernels as pk
 
 STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY_DEFERRED}
-#: How the step kernel verifies: the gated delta rule token by token (``recurrence``), or the same recurrence
-#: unrolled from the committed state (``gram``: every token's projections of the state at once, then the
-#: chain solved with the tokens' Gram scalars). Both on CUDA cores. (A tensor-core form, TreeWY's matrix
-#: form in tf32x3 dots, ran 1.7x slower than the recurrence on the H200 and crashed at 8 warps: e1fc163,
-#: removed.)
-ALGOS = ("recurrence", "fused", "gram", "gram_page")
+#: How the step kernel verifies. One arithmetic now: the gated delta rule token by token on CUDA cores. The H200
+#: measured every other form slower at batch 256, k = 3 (results/h200-kernel-speed): TreeWY's matrix form in
+#: tf32x3 dots 1.7x (e1fc163), the recurrence unrolled from the committed state in Gram scalars 1.3x (f4ad430),
+#: the same from the page as it is, its commit after the verify, 1.4x (39c52ac), and both projections of a
+#: token from one pass within 4% (554dc81); the tuning keeps the dimension for the next candidate.
+ALGOS = ("recurrence",)
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}
 
@@ -80,12 +80,6 @@ def _algo_consts(algo: str, c: dict[str, int]) -> dict[str, object]:
     """The step kernel's extra constants for ``algo``."""
     if algo == "recurrence":
         return {}
-    if algo == "fused":
-        return {"FUSED": True}
-    if algo == "gram":
-        return {"GRAM": True, "BN": triton.next_power_of_2(c["N"])}
-    if algo == "gram_page":
-        return {"GRAM": True, "PROJ": True, "BN": triton.next_power_of_2(c["N"]), "BR": triton.next_power_of_2(c["L"])}
     raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
 
 
@@ -97,6 +91,11 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
     if n <= 0:
         return
     c, extra, fc = _plan(layout, pool, stash, header, block_v, algo)
+    if probe is not None and not (probe.is_contiguous() and probe.dtype == torch.float32
+                                  and tuple(probe.shape[1:]) == (c["HV"], c["K"], c["V"]) and probe.shape[0] >= n):
+        raise ValueError(f"probe: shape {tuple(probe.shape)}, strides {probe.stride()}, {probe.dtype}; the op writes "
+                         f"it as a contiguous float32 [rows >= {n}, {c['HV']}, {c['K']}, {c['V']}] block (a transposed "
+                         "view of the pages is not one: allocate it with torch.empty)")
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and a.is_contiguous()
             and b.is_contiguous()):   # vLLM's are
         q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))

@@ -69,11 +69,10 @@ def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: tl.constexpr, L: tl.constex
 
 @triton.jit
 def _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K: tl.constexpr, V: tl.constexpr,
-               W: tl.constexpr, OKEY: tl.constexpr, ODEC: tl.constexpr, L: tl.constexpr, STRAT: tl.constexpr,
-               RING_APPEND: tl.constexpr):
+               W: tl.constexpr, OKEY: tl.constexpr, ODEC: tl.constexpr, L: tl.constexpr, STRAT: tl.constexpr):
     """The row's committed state tile from the page's ``h`` ``[BV, BK]`` and the stash (the last verify's
-    ``cnt`` accepted tokens; the deferred strategies' ring too). ``RING_APPEND``: treewy_deferred's accepted
-    path joins the ring on the way (this program's u columns; keys and decays: paged_finish)."""
+    ``cnt`` accepted tokens; the deferred strategies' ring too). treewy_deferred's accepted path joins the
+    ring on the way (this program's u columns; keys and decays: paged_finish)."""
     if STRAT == 0:
         # h_a = e^{G_a} h0 + Σ_{i<cnt} e^{G_a - G_i} k_i ⊗ ṽ_i, the chain's accepted prefix. A loop, not
         # unrolled: an unrolled one holds every slot's ṽ columns in registers at once (each thread keeps all
@@ -104,8 +103,7 @@ def _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K: tl.constexp
                 ki = tl.load(st + (L + i) * W + OKEY + hk * K + ok, mask=mk, other=0.)
                 ui = tl.load(st + (L + i) * W + hv * V + ov, mask=mv, other=0.)
                 h = h * tl.exp(gi) + ui[:, None] * ki[None, :]
-                if RING_APPEND:
-                    tl.store(st + (length + i) * W + hv * V + ov, ui, mask=mv & (ov * 0 + i < keep))
+                tl.store(st + (length + i) * W + hv * V + ov, ui, mask=mv & (ov * 0 + i < keep))
     return h
 
 
@@ -114,16 +112,9 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
                q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-               STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr,
-               GRAM: tl.constexpr = False, BN: tl.constexpr = 1, PROJ: tl.constexpr = False,
-               BR: tl.constexpr = 1, FUSED: tl.constexpr = False):
-    """Commit + verify for program (row b · HV + value head, value tile); see the module docstring.
-
-    ``GRAM``: the verify projects the committed state on every token's key and query first (2n
-    reductions of the state tile that do not depend on each other, so they overlap) and solves the
-    chain with the tokens' Gram scalars (``BN``: N padded to a power of two), instead of updating the
-    state token by token (``GRAM=False``: two dependent reductions and two passes over the tile per
-    token). Same outputs and ṽ; the verify never writes the state in either form.
+               STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr):
+    """Commit + verify for program (row b · HV + value head, value tile); see the module docstring. The
+    verify is the gated delta rule token by token on the state tile in registers (never written back).
 
     q, k ``[T, H, K]`` and v ``[T, HV, V]`` raw (bf16), a, bg ``[T, HV]`` (the gates' inputs), A_log and
     dt_bias ``[HV]``: ``g = -e^{A_log} softplus(a + dt_bias)``, ``β = sigmoid(bg)``. out ``[T, HV, V]``
@@ -151,18 +142,16 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     tile = pool + page * s_p + hv * s_h + ov[:, None] * s_v + ok[None, :] * s_k
     h = tl.load(tile, mask=m2, other=0.).to(tl.float32)              # [BV, BK]: state^T, V-major like vLLM's
     st = stash + page * s_st
-    tile_out = probe + ((b.to(tl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None]
     if STRAT == 0:
         write = cnt > 0
     else:
         write = flush & (length + cnt > 0)
-    # -- commit the last verify (PROJ: after the verify, which then reads the page as it is) ----------
-    if not PROJ:
-        h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L, STRAT, True)
-        if write:
-            tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
-        if PROBE:
-            tl.store(tile_out, h, mask=m2)
+    # -- commit the last verify -----------------------------------------------------------------------
+    h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L, STRAT)
+    if write:
+        tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
+    if PROBE:
+        tl.store(probe + ((b.to(tl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
     if COMMIT_ONLY:
         return
     # -- verify the new tokens from the committed state, in registers (never written back) -----------
@@ -174,130 +163,34 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
         base = new_len * 0 + L
     A = -tl.exp(tl.load(A_log + hv).to(tl.float32))
     dtb = tl.load(dt_bias + hv).to(tl.float32)
-    if GRAM:
-        # u_t = β_t (v_t - e^{G_t} h0ᵀk_t - Σ_{i<t} e^{G_t - G_i} (k_i·k_t) u_i),
-        # o_t = e^{G_t} h0ᵀq_t + Σ_{i<=t} e^{G_t - G_i} (k_i·q_t) u_i: the recurrence unrolled from h0. The
-        # decays are running products of the tokens' own e^{g}, never differences of prefix sums.
-        if PROJ:
-            # The committed state is h_c = D0 h + Σ_{r<R} D_r u_r ⊗ k_r over the staged/ring entries r (the
-            # page's state h is the last verify's start, or the checkpoint), so its projections are the page's
-            # plus the entries' Gram terms, and the verify needs no committed tile: the commit's rank update
-            # runs after it, independent of it, and only where the strategy writes (or for the probe).
-            rr = tl.arange(0, BR)
-            if STRAT == 0:
-                R = cnt
-                slot = rr
-            else:
-                R = length + cnt
-                if STRAT == 1:
-                    slot = rr
-                else:
-                    slot = tl.where(rr < length, rr, L + rr - length)
-            mr = rr < R
-            lg = tl.load(st + slot * W + ODEC + hv, mask=mr, other=0.)
-            if STRAT == 0:     # cumulative G from the page's state
-                Ga = tl.sum(tl.where(rr == R - 1, lg, 0.))
-                D = tl.where(mr, tl.exp(Ga - lg), 0.)
-            else:              # per-token g: the decay from entry r to the end is the suffix sum
-                Ga = tl.sum(lg)
-                D = tl.where(mr, tl.exp(Ga - tl.cumsum(lg, 0)), 0.)
-            D0 = tl.exp(Ga)
-            Kr = tl.load(st + slot[:, None] * W + OKEY + hk * K + ok[None, :], mask=mr[:, None] & mk[None, :],
-                         other=0.)                                                     # [BR, BK]
-            Ur = tl.load(st + slot[None, :] * W + hv * V + ov[:, None], mask=mv[:, None] & mr[None, :],
-                         other=0.)                                                     # [BV, BR]
-        tt = tl.arange(0, BN)
-        kn = tl.zeros([BN, BK], dtype=tl.float32)      # the normalised keys so far, by token
-        us = tl.zeros([BV, BN], dtype=tl.float32)      # ṽ so far, by token
-        dec = tl.zeros([BN], dtype=tl.float32)         # e^{G_t - G_i} for i <= t
-        e_t = 1.                                        # e^{G_t}
-        for t in tl.static_range(N):
-            live = n > t
-            lk = mk & (ok * 0 + t < n)                  # (vector masks: the interpreter rejects vector & scalar)
-            lv = mv & (ov * 0 + t < n)
-            row = bos + t
-            bk = tl.load(k + (row * H + hk) * K + ok, mask=lk, other=0.).to(tl.float32)
-            bq = tl.load(q + (row * H + hk) * K + ok, mask=lk, other=0.).to(tl.float32)
-            bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
-            bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
-            pk = tl.sum(h * bk[None, :], 1)                                 # h0ᵀk_t  [BV]
-            pq = tl.sum(h * bq[None, :], 1)                                 # h0ᵀq_t  [BV]
-            if PROJ:
-                pk = D0 * pk + tl.sum(Ur * (D * tl.sum(Kr * bk[None, :], 1))[None, :], 1)
-                pq = D0 * pq + tl.sum(Ur * (D * tl.sum(Kr * bq[None, :], 1))[None, :], 1)
-            kn = tl.where(tt[:, None] == t, bk[None, :], kn)
-            kk = tl.sum(kn * bk[None, :], 1)                                # k_i·k_t  [BN]
-            qk = tl.sum(kn * bq[None, :], 1)                                # k_i·q_t  [BN]
-            x = tl.load(a + row * HV + hv, mask=live, other=0.).to(tl.float32) + dtb
-            eg = tl.exp(A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x))  # e^{g_t}, softplus threshold 20
-            bt = tl.sigmoid(tl.load(bg + row * HV + hv, mask=live, other=0.).to(tl.float32))
-            dec = tl.where(tt == t, 1., dec * eg)
-            e_t = e_t * eg
-            bv = tl.load(v + (row * HV + hv) * V + ov, mask=lv, other=0.).to(tl.float32)
-            corr = tl.sum(us * tl.where(tt < t, dec * kk, 0.)[None, :], 1)
-            u = bt * (bv - e_t * pk - corr)
-            us = tl.where(tt[None, :] == t, u[:, None], us)
-            o = e_t * pq + tl.sum(us * tl.where(tt <= t, dec * qk, 0.)[None, :], 1)
-            tl.store(out + (row * HV + hv) * V + ov, o.to(out.dtype.element_ty), mask=lv)
-            if not PROJ:
-                tl.store(st + (base + t) * W + hv * V + ov, u, mask=lv)
-        if PROJ:
-            # Now the commit (it reads the stash's old u, so before the new u are written), then the new u.
-            if PROBE:
-                h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L, STRAT,
-                               False)
-                tl.store(tile_out, h, mask=m2)
-                if write:
-                    tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
-            else:
-                if write:
-                    h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L,
-                                   STRAT, False)
-                    tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
-            if STRAT == 2:     # this program's columns of the accepted path join the ring (not at a flush)
-                tl.store(st + rr[None, :] * W + hv * V + ov[:, None], Ur,
-                         mask=mv[:, None] & ((rr >= length) & (rr < R) & (rr * 0 + flush.to(tl.int32) == 0))[None, :])
-            tl.store(st + (base + tt[None, :]) * W + hv * V + ov[:, None], us, mask=mv[:, None] & (tt < n)[None, :])
-    else:
-        p_q = q + (bos * H + hk) * K + ok
-        p_k = k + (bos * H + hk) * K + ok
-        p_v = v + (bos * HV + hv) * V + ov
-        p_a = a + bos * HV + hv
-        p_b = bg + bos * HV + hv
-        p_o = out + (bos * HV + hv) * V + ov
-        p_u = st + base * W + hv * V + ov
-        for _ in range(0, n):
-            bq = tl.load(p_q, mask=mk, other=0.).to(tl.float32)
-            bk = tl.load(p_k, mask=mk, other=0.).to(tl.float32)
-            bv = tl.load(p_v, mask=mv, other=0.).to(tl.float32)
-            x = tl.load(p_a).to(tl.float32) + dtb
-            gt = A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x)      # softplus, threshold 20 (vLLM's)
-            bt = tl.sigmoid(tl.load(p_b).to(tl.float32))
-            bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
-            bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
-            if FUSED:
-                # both projections from one pass over the tile (independent reductions), the decay and the
-                # rank-1 update folded into one more: o = e h·q + u (k·q), h' = e h + u ⊗ k
-                e = tl.exp(gt)
-                pk = tl.sum(h * bk[None, :], 1)
-                pq = tl.sum(h * bq[None, :], 1)
-                u = bt * (bv - e * pk)
-                o = e * pq + u * tl.sum(bk * bq)
-                h = h * e + u[:, None] * bk[None, :]
-                tl.store(p_o, o.to(out.dtype.element_ty), mask=mv)
-            else:
-                h *= tl.exp(gt)
-                u = bt * (bv - tl.sum(h * bk[None, :], 1))          # the delta rule's correction = TreeWY's ṽ
-                h += u[:, None] * bk[None, :]
-                tl.store(p_o, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv)
-            tl.store(p_u, u, mask=mv)
-            p_q += H * K
-            p_k += H * K
-            p_v += HV * V
-            p_a += HV
-            p_b += HV
-            p_o += HV * V
-            p_u += W
+    p_q = q + (bos * H + hk) * K + ok
+    p_k = k + (bos * H + hk) * K + ok
+    p_v = v + (bos * HV + hv) * V + ov
+    p_a = a + bos * HV + hv
+    p_b = bg + bos * HV + hv
+    p_o = out + (bos * HV + hv) * V + ov
+    p_u = st + base * W + hv * V + ov
+    for _ in range(0, n):
+        bq = tl.load(p_q, mask=mk, other=0.).to(tl.float32)
+        bk = tl.load(p_k, mask=mk, other=0.).to(tl.float32)
+        bv = tl.load(p_v, mask=mv, other=0.).to(tl.float32)
+        x = tl.load(p_a).to(tl.float32) + dtb
+        gt = A * tl.where(x <= 20., tl.log(1. + tl.exp(x)), x)      # softplus, threshold 20 (vLLM's)
+        bt = tl.sigmoid(tl.load(p_b).to(tl.float32))
+        bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
+        bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
+        h *= tl.exp(gt)
+        u = bt * (bv - tl.sum(h * bk[None, :], 1))              # the delta rule's correction = TreeWY's ṽ
+        h += u[:, None] * bk[None, :]
+        tl.store(p_o, tl.sum(h * bq[None, :], 1).to(out.dtype.element_ty), mask=mv)
+        tl.store(p_u, u, mask=mv)
+        p_q += H * K
+        p_k += H * K
+        p_v += HV * V
+        p_a += HV
+        p_b += HV
+        p_o += HV * V
+        p_u += W
 
 
 @triton.jit

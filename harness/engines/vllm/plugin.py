@@ -12,8 +12,8 @@ process. Selected by the environment, inert otherwise:
   (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
   ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile and warps (default:
   ``strategies.paged.TILES``);
-  ``COMMITBENCH_PAGED_ALGO``: its arithmetic, ``recurrence`` (default) or ``gram``
-  (``strategies.kernels.paged.ALGOS``).
+  ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``strategies.kernels.paged.ALGOS``; ``recurrence``, the
+  only one now).
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -71,7 +71,7 @@ ENV_KERNELS = "COMMITBENCH_KERNELS"
 ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
 # The Triton op's value-column tile and warps per program (default: strategies.paged.TILES).
 ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
-# The Triton op's arithmetic: recurrence (token by token; default) or gram (unrolled from the committed state).
+# The Triton op's arithmetic (strategies.kernels.paged.ALGOS: recurrence, token by token).
 ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
@@ -402,7 +402,9 @@ def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, sta
         probe.record(layer.prefix, nacc, committed, out)
         for key in st.shadows:
             paged, sh_pool, sh_stash, sh_header = st.shadow_pages(key, pool)
-            c_sh = torch.empty_like(committed)
+            # contiguous [n, HV, K, V]: `committed` is a transposed view of the pages, and empty_like would
+            # keep its strides, which the op's probe (written as a dense K-major block) does not follow
+            c_sh = torch.empty(committed.shape, dtype=torch.float32, device=committed.device)
             o_sh = paged.step(sh_pool, sh_stash, sh_header, q, k, v, a, b, A_log, dt_bias, state_indices,
                               num_accepted, cu_seqlens, scale, out=torch.empty_like(out, dtype=torch.float32),
                               probe=c_sh)
