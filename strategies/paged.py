@@ -43,9 +43,10 @@ HEADER = 4
 STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
 BACKENDS = ("auto", "torch", "triton")
-ALGOS = ("recurrence",)         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
-#: Value tile and warps per algorithm: the H200's pick for every strategy at batch 256 (results/h200-kernel-speed).
-TILES = {"recurrence": (64, 2)}
+ALGOS = ("recurrence", "gluon")         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
+#: Value tile and warps per algorithm: recurrence's is the H200's pick for every strategy at batch 256
+#: (results/h200-kernel-speed); gluon's is the same tile until the H200 tunes it (no spills when compiled).
+TILES = {"recurrence": (64, 2), "gluon": (64, 2)}
 
 
 @dataclass(frozen=True)

@@ -211,13 +211,35 @@ def test_the_op_refuses_a_probe_it_would_write_transposed():
 
     lay = StashLayout("treewy", 2, 4, 16, 16, num_spec=1)
     _, pool, stash, header = make_pages(4, GDNShape(1, 2, 4, 16, 16), 1, lay, "cpu")
-    x = vllm_step(torch.Generator().manual_seed(0), [2, 2], (2, 4, 16, 16))
+    gen = torch.Generator().manual_seed(0)
+    pool.copy_(torch.randn(pool.shape, generator=gen))           # nothing staged: the committed state is the page
+    x = vllm_step(gen, [2, 2], (2, 4, 16, 16))
     op = PagedCommit(lay, "triton", block_v=8)
-    args = (pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"],
+    rows = torch.tensor([1, 2], dtype=torch.int32)
+    args = (pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], rows,
+            torch.ones(2, dtype=torch.int32), x["cu_seqlens"])
+    expected = pool[rows.long()].transpose(-1, -2).clone()
+    for bad in (torch.zeros(2, 4, 16, 16).transpose(-1, -2), torch.zeros(2, 4, 16, 16, dtype=torch.float64),
+                torch.zeros(1, 4, 16, 16)):
+        with pytest.raises(ValueError, match="probe: .*contiguous float32"):
+            op.step(*args, probe=bad)
+    probe = torch.zeros(2, 4, 16, 16)
+    op.step(*args, probe=probe)
+    assert torch.equal(probe, expected)
+
+
+def test_the_gluon_op_refuses_a_cpu_device():
+    """The Gluon arithmetic has no interpreter: on CPU pages it says so and names the one that runs there."""
+    from harness.bench.layer import make_pages
+    from strategies import GDNShape
+
+    lay = StashLayout("treewy", 2, 4, 16, 16, num_spec=1)
+    _, pool, stash, header = make_pages(4, GDNShape(1, 2, 4, 16, 16), 1, lay, "cpu")
+    x = vllm_step(torch.Generator().manual_seed(0), [2, 2], (2, 4, 16, 16))
+    with pytest.raises(ValueError, match="gluon.*CUDA device only.*recurrence"):
+        PagedCommit(lay, "triton", algo="gluon").step(
+            pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"],
             torch.tensor([1, 2], dtype=torch.int32), torch.ones(2, dtype=torch.int32), x["cu_seqlens"])
-    with pytest.raises(ValueError, match="probe: .*contiguous float32"):
-        op.step(*args, probe=torch.zeros(2, 4, 16, 16).transpose(-1, -2))
-    op.step(*args, probe=torch.zeros(2, 4, 16, 16))
 
 
 def _gpu_case(strategy: str, num_spec: int, algo: str) -> None:

@@ -37,7 +37,8 @@ OTHERS = ("treewy", "replay", "treewy_deferred")
 # The plugin's Triton op on vLLM's pages (here in Triton's interpreter, which tests/conftest.py switched
 # on for this process and its children): what runs on a GPU, for the strategy with the most to get right
 # (ring, flushes, the accepted path's copy). Whole-width value tiles keep the interpreter's program count
-# down; the op itself, every strategy, its tiling and both arithmetics are covered by tests/test_paged.py.
+# down; the op itself, every strategy, its tiling and its recurrence are covered by tests/test_paged.py
+# (the GPU-only gluon arithmetic by its H200 cases).
 TRITON = {"COMMITBENCH_KERNELS": "triton", "COMMITBENCH_BLOCK_V": "128"}
 SEPARATE = (*OTHERS, "treewy_deferred+triton")
 

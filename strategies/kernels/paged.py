@@ -16,8 +16,10 @@ STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY
 #: measured every other form slower at batch 256, k = 3 (results/h200-kernel-speed): TreeWY's matrix form in
 #: tf32x3 dots 1.7x (e1fc163), the recurrence unrolled from the committed state in Gram scalars 1.3x (f4ad430),
 #: the same from the page as it is, its commit after the verify, 1.4x (39c52ac), and both projections of a
-#: token from one pass within 4% (554dc81); the tuning keeps the dimension for the next candidate.
-ALGOS = ("recurrence",)
+#: token from one pass within 4% (554dc81). ``gluon``: the same recurrence with the state tile's layout
+#: chosen (:mod:`.paged_gluon`: 16 K-values per thread, three shuffle rounds per K-reduction instead of
+#: five); CUDA only.
+ALGOS = ("recurrence", "gluon")
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}
 
@@ -62,6 +64,12 @@ def _plan(layout, pool, stash, header, block_v: int, algo: str):
     return got
 
 
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout) -> None:
     HV, V, K = layout.num_value_heads, layout.value_head_dim, layout.key_head_dim
     if pool.dim() != 4 or tuple(pool.shape[1:]) != (HV, V, K):
@@ -78,7 +86,7 @@ def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout
 
 def _algo_consts(algo: str, c: dict[str, int]) -> dict[str, object]:
     """The step kernel's extra constants for ``algo``."""
-    if algo == "recurrence":
+    if algo in ALGOS:
         return {}
     raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
 
@@ -101,10 +109,19 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
         q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     s_idx = state_indices.stride(0)
     grid = (n * c["HV"], -(-c["V"] // c["BV"]))
-    LAUNCHED["paged_step"] = pk.paged_step[grid](
-        pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
-        num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out,
-        scale, COMMIT_ONLY=False, PROBE=probe is not None, num_warps=num_warps, **c, **extra)
+    args = (pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
+            num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out, scale)
+    if algo == "gluon":
+        if pool.device.type != "cuda" or _interpreted():
+            raise ValueError("algo='gluon' runs on a CUDA device only (Gluon has no interpreter): use 'recurrence' "
+                             "(COMMITBENCH_PAGED_ALGO) on CPU")
+        from . import paged_gluon
+
+        LAUNCHED["paged_step"] = paged_gluon.paged_step[grid](*args, PROBE=probe is not None, NW=num_warps,
+                                                              num_warps=num_warps, **c)
+    else:
+        LAUNCHED["paged_step"] = pk.paged_step[grid](*args, COMMIT_ONLY=False, PROBE=probe is not None,
+                                                     num_warps=num_warps, **c, **extra)
     LAUNCHED["paged_finish"] = pk.paged_finish[(n,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens,
         k, a, A_log, dt_bias, COMMIT_ONLY=False, num_warps=4, **fc)

@@ -12,8 +12,8 @@ process. Selected by the environment, inert otherwise:
   (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
   ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile and warps (default:
   ``strategies.paged.TILES``);
-  ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``strategies.kernels.paged.ALGOS``; ``recurrence``, the
-  only one now).
+  ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``strategies.kernels.paged.ALGOS``: ``recurrence``, the
+  default, or ``gluon``, the same with a chosen state-tile layout, CUDA only).
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -71,7 +71,7 @@ ENV_KERNELS = "COMMITBENCH_KERNELS"
 ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
 # The Triton op's value-column tile and warps per program (default: strategies.paged.TILES).
 ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
-# The Triton op's arithmetic (strategies.kernels.paged.ALGOS: recurrence, token by token).
+# The Triton op's arithmetic (strategies.kernels.paged.ALGOS: recurrence, or gluon on CUDA).
 ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
