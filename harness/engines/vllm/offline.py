@@ -9,6 +9,11 @@ block sizes, pages per request, the maximum concurrency it logs), its spec-decod
 counters, and, sampled at every scheduler step, running/waiting requests, KV-pool
 usage and preemptions. Token-id prompts (seeded), greedy, ignore-EOS. The engine
 side imports only vLLM, torch and ``strategies``.
+
+``--profile-dir DIR`` turns the timed run into a diagnostic: vLLM's torch profiler records
+``--profile-steps`` engine steps after ``--profile-delay`` of them (a trace, and vLLM's table of
+self time per op, whose head the result keeps under ``profile``), e.g. to compare where two
+strategies' steps spend their time at equal batch.
 """
 
 from __future__ import annotations
@@ -56,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shadow", default="", help="with store_all and --probe-dir: strategies to run beside "
                    "vLLM's kernel on the same inputs, e.g. treewy,replay,treewy_deferred")
     p.add_argument("--skip-generate", action="store_true", help="start, report the KV plan, stop")
+    p.add_argument("--profile-dir", default=None,
+                   help="torch-profile engine steps of the timed run into DIR (traces and vLLM's table of self time "
+                        "per op: CUDA time on a GPU, CPU time on CPU); the run is then a diagnostic, not a timing")
+    p.add_argument("--profile-steps", type=int, default=20, help="with --profile-dir: engine steps to record")
+    p.add_argument("--profile-delay", type=int, default=50,
+                   help="with --profile-dir: engine steps of the timed run to skip first (the batch filling up)")
     p.add_argument("--out", default=None, help="also write the JSON result here")
     args = p.parse_args(argv)
     if args.num_spec < 0:
@@ -100,12 +111,27 @@ def engine_kwargs(args: argparse.Namespace, architecture: str, on_cpu: bool) -> 
         kw["gdn_prefill_backend"] = "triton"  # FlashInfer is not staged on the H200 host
         if not args.eager and needs_piecewise(args.strategy, os.environ.get(ENV_KERNELS)):
             kw["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
+    if args.profile_dir:
+        kw["profiler_config"] = profiler_config(args, on_cpu)
     if args.num_spec:
         spec: dict[str, Any] = {"method": "mtp", "num_speculative_tokens": args.num_spec}
         if args.rates:
             spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=args.rates)
         kw["speculative_config"] = spec
     return kw
+
+
+def profiler_config(args: argparse.Namespace, on_cpu: bool) -> dict[str, Any]:
+    """vLLM's profiler settings (``ProfilerConfig``, the same fields in 0.26 and 0.32) for ``--profile-dir``: the
+    torch profiler over ``--profile-steps`` engine steps after ``--profile-delay`` of the timed run, no Python
+    stacks (they dominate a trace's size), the per-kernel CUDA-time table where there is CUDA."""
+    if args.profile_steps < 1 or args.profile_delay < 0:
+        raise ValueError(f"--profile-steps {args.profile_steps} / --profile-delay {args.profile_delay}: record at "
+                         "least one step, after zero or more")
+    return {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
+            "torch_profiler_with_stack": False, "torch_profiler_dump_cuda_time_total": not on_cpu,
+            "delay_iterations": args.profile_delay, "max_iterations": args.profile_steps,
+            "ignore_frontend": True}   # the offline engine's steps are the engine core's; no frontend to trace
 
 
 class JitCounter(logging.Handler):
@@ -264,9 +290,19 @@ def main(argv: list[str] | None = None) -> int:
         sampler = SchedulerSampler(llm)
         jit = JitCounter()
         logging.getLogger("vllm.utils.jit_monitor").addHandler(jit.start())
+        if args.profile_dir:
+            llm.start_profile()
         t1 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t1
+        if args.profile_dir:
+            llm.stop_profile()
+            # vLLM's table of self time per op: profiler_out_<rank>.txt in 0.26, <trace prefix>.profiler_out.txt in 0.32
+            tables = sorted(Path(args.profile_dir).glob("*profiler_out*.txt"))
+            result["profile"] = {
+                "dir": str(args.profile_dir), "steps": args.profile_steps, "delay": args.profile_delay, "note": "profiled: the timed run's numbers include the profiler's overhead",
+                "files": sorted(p.name for p in Path(args.profile_dir).iterdir()),
+                "table_head": tables[0].read_text().splitlines()[:60] if tables else None}
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         result.update({
             "elapsed_s": elapsed, "requests": len(outs), "output_tokens": n_out,
