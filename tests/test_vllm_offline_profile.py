@@ -19,8 +19,8 @@ def _args(*extra: str):
 def test_profile_settings_record_the_timed_runs_steps_without_stacks(tmp_path):
     cfg = offline.profiler_config(_args("--profile-dir", str(tmp_path), "--profile-steps", "5",
                                         "--profile-delay", "7"), on_cpu=False)
-    assert cfg == {"profiler": "torch", "torch_profiler_dir": str(tmp_path.resolve()), "torch_profiler_with_stack": False,
-                   "torch_profiler_dump_cuda_time_total": True, "delay_iterations": 7, "max_iterations": 5,
+    assert cfg == {"profiler": "torch", "torch_profiler_dir": str(tmp_path.resolve()),
+                   "torch_profiler_with_stack": False, "torch_profiler_dump_cuda_time_total": True, "delay_iterations": 7, "max_iterations": 5,
                    "ignore_frontend": True}
     assert not offline.profiler_config(_args("--profile-dir", str(tmp_path)), on_cpu=True)[
         "torch_profiler_dump_cuda_time_total"]                    # no CUDA time to sort by on CPU

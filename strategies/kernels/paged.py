@@ -1,10 +1,13 @@
 """The paged step on Triton (:class:`strategies.paged.PagedCommit` with ``backend="triton"``).
 
-Two launches per call (:mod:`.paged_kernels`), no host sync, nothing shaped by the data: what an
-engine can capture in a CUDA graph. Sizes come from the layout and the tensors' shapes only.
+Two launches per call (:mod:`.paged_kernels`; the step's in :mod:`.paged_gluon` with ``algo="gluon"``), no host
+sync, nothing shaped by the data: what an engine can capture in a CUDA graph. Sizes come from the layout and the
+tensors' shapes only.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -12,7 +15,7 @@ import triton
 from . import paged_kernels as pk
 
 STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY_DEFERRED}
-#: How the step kernel verifies. One arithmetic now: the gated delta rule token by token on CUDA cores. The H200
+#: How the step kernel verifies: the gated delta rule token by token on CUDA cores, in Triton. The H200
 #: measured every other form slower at batch 256, k = 3 (results/h200-kernel-speed): TreeWY's matrix form in
 #: tf32x3 dots 1.7x (e1fc163), the recurrence unrolled from the committed state in Gram scalars 1.3x (f4ad430),
 #: the same from the page as it is, its commit after the verify, 1.4x (39c52ac), and both projections of a
@@ -54,20 +57,17 @@ def _meta(t: torch.Tensor) -> tuple:
 
 
 def _plan(layout, pool, stash, header, block_v: int, algo: str):
-    """(step constants, the arithmetic's extra constants, finish constants), checked once per page layout."""
+    """(step constants, finish constants), checked once per page layout and arithmetic."""
     key = (layout, int(block_v), algo, _meta(pool), _meta(stash), _meta(header))
     got = _PLANS.get(key)
     if got is None:
         _check(pool, stash, header, layout)
+        if algo not in ALGOS:
+            raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads "
+                             "COMMITBENCH_PAGED_ALGO)")
         c = _consts(layout, block_v)
-        got = _PLANS[key] = (c, _algo_consts(algo, c), _finish_consts(c))
+        got = _PLANS[key] = (c, _finish_consts(c))
     return got
-
-
-def _interpreted() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout) -> None:
@@ -84,13 +84,6 @@ def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout
             raise ValueError(f"{name}: each page's part must be contiguous (strides {t.stride()})")
 
 
-def _algo_consts(algo: str, c: dict[str, int]) -> dict[str, object]:
-    """The step kernel's extra constants for ``algo``."""
-    if algo in ALGOS:
-        return {}
-    raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} (the plugin reads COMMITBENCH_PAGED_ALGO)")
-
-
 def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
          scale: float, out: torch.Tensor, probe: torch.Tensor | None = None, block_v: int = 32,
          num_warps: int = 4, algo: str = "recurrence") -> None:
@@ -98,7 +91,7 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
     n = cu_seqlens.shape[0] - 1
     if n <= 0:
         return
-    c, extra, fc = _plan(layout, pool, stash, header, block_v, algo)
+    c, fc = _plan(layout, pool, stash, header, block_v, algo)
     if probe is not None and not (probe.is_contiguous() and probe.dtype == torch.float32
                                   and tuple(probe.shape[1:]) == (c["HV"], c["K"], c["V"]) and probe.shape[0] >= n):
         raise ValueError(f"probe: shape {tuple(probe.shape)}, strides {probe.stride()}, {probe.dtype}; the op writes "
@@ -112,7 +105,7 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
     args = (pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
             num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out, scale)
     if algo == "gluon":
-        if pool.device.type != "cuda" or _interpreted():
+        if pool.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             raise ValueError("algo='gluon' runs on a CUDA device only (Gluon has no interpreter): use 'recurrence' "
                              "(COMMITBENCH_PAGED_ALGO) on CPU")
         from . import paged_gluon
@@ -121,7 +114,7 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
                                                               num_warps=num_warps, **c)
     else:
         LAUNCHED["paged_step"] = pk.paged_step[grid](*args, COMMIT_ONLY=False, PROBE=probe is not None,
-                                                     num_warps=num_warps, **c, **extra)
+                                                     num_warps=num_warps, **c)
     LAUNCHED["paged_finish"] = pk.paged_finish[(n,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens,
         k, a, A_log, dt_bias, COMMIT_ONLY=False, num_warps=4, **fc)
@@ -133,7 +126,7 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
     n = state_indices.shape[0]
     if n <= 0:
         return
-    c, _, fc = _plan(layout, pool, stash, header, block_v, algo)   # (no verify: no arithmetic's extras)
+    c, fc = _plan(layout, pool, stash, header, block_v, algo)
     s_idx = state_indices.stride(0)
     grid = (n * c["HV"], -(-c["V"] // c["BV"]))
     # No tokens: the token arguments are never read; any tensor stands in for them.

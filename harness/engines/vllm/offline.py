@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             # vLLM's table of self time per op: profiler_out_<rank>.txt in 0.26, <trace prefix>.profiler_out.txt in 0.32
             tables = sorted(Path(args.profile_dir).glob("*profiler_out*.txt"))
             result["profile"] = {
-                "dir": str(args.profile_dir), "steps": args.profile_steps, "delay": args.profile_delay, "note": "profiled: the timed run's numbers include the profiler's overhead",
+                "dir": str(args.profile_dir), "steps": args.profile_steps, "delay": args.profile_delay,
+                "note": "profiled: the timed run's numbers include the profiler's overhead",
                 "files": sorted(p.name for p in Path(args.profile_dir).iterdir()),
                 "table_head": tables[0].read_text().splitlines()[:60] if tables else None}
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
