@@ -28,6 +28,7 @@ Both have the same semantics, padded rows (page ``<= 0``) and rows of no tokens 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -44,9 +45,18 @@ STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
 BACKENDS = ("auto", "torch", "triton")
 ALGOS = ("recurrence", "gluon")         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
-#: Value tile and warps per algorithm: recurrence's is the H200's pick for every strategy at batch 256
-#: (results/h200-kernel-speed); gluon's is the same tile until the H200 tunes it (no spills when compiled).
-TILES = {"recurrence": (64, 2), "gluon": (64, 2)}
+#: Value tile and warps per algorithm, the H200's picks at batch 256, k = 3 (results/h200-kernel-speed):
+#: recurrence 64 x 2 for every strategy; gluon 32 x 2 (treewy 430 us, replay 435, treewy_deferred 442; 64 x 4
+#: within 1%, 64 x 2 4-8% slower).
+TILES = {"recurrence": (64, 2), "gluon": (32, 2)}
+
+
+def default_algo(device: torch.device) -> str:
+    """``algo="auto"``'s arithmetic for pages on ``device``: gluon on a CUDA device (0.44-0.72x vLLM's kernel
+    on the H200 where the Triton recurrence is 0.73-1.0x), the recurrence elsewhere (Gluon has no interpreter,
+    so CPU pages run the recurrence in Triton's)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return "gluon" if device.type == "cuda" and not interpreted else "recurrence"
 
 
 @dataclass(frozen=True)
@@ -147,25 +157,38 @@ class PagedCommit:
     """Run one strategy's commit + verify over a batch of speculative rows of an engine's pages."""
 
     def __init__(self, layout: StashLayout, backend: str = "auto", block_v: int | None = None,
-                 num_warps: int | None = None, algo: str = "recurrence"):
+                 num_warps: int | None = None, algo: str = "auto"):
         """``backend``: ``torch`` (the strategies' reference math), ``triton`` (:mod:`strategies.kernels.paged`,
         also on CPU in Triton's interpreter), or ``auto``: Triton where the pages are on a CUDA device and
         Triton is installed. ``block_v``/``num_warps``: the Triton step's value tile and warps (None: the
         algorithm's default, :data:`TILES`); ``algo``: its arithmetic (:data:`ALGOS`: ``recurrence``, token by
-        token)."""
+        token in Triton; ``gluon``, the same in Gluon with the state tile's layout chosen, CUDA only; ``auto``:
+        :func:`default_algo` of the pages' device, decided at the first call)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)} "
                              f"(the vLLM plugin reads it from COMMITBENCH_KERNELS)")
-        if algo not in ALGOS:
-            raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)} "
+        if algo not in ALGOS + ("auto",):
+            raise ValueError(f"algo={algo!r}: choose one of auto, {', '.join(ALGOS)} "
                              "(the vLLM plugin reads it from COMMITBENCH_PAGED_ALGO)")
         self.layout = layout
         self.backend = backend
         self.strategy = layout.strategy_obj
-        self.block_v = int(block_v or TILES[algo][0])
-        self.num_warps = int(num_warps or TILES[algo][1])
-        self.algo = algo
+        self._tiles = (block_v, num_warps)
+        self.algo = self.block_v = self.num_warps = None    # set by resolve(): auto waits for the device
+        if algo != "auto":
+            self.resolve(algo)
         self._auto: bool | None = None
+
+    def resolve(self, algo_or_device: str | torch.device) -> "PagedCommit":
+        """Fix the arithmetic (a name, or :func:`default_algo` of a device) and its tiles; a no-op once fixed,
+        so one op never changes arithmetic between steps."""
+        if self.algo is None:
+            algo = (algo_or_device if isinstance(algo_or_device, str)
+                    else default_algo(torch.device(algo_or_device)))
+            self.algo = algo
+            self.block_v = int(self._tiles[0] or TILES[algo][0])
+            self.num_warps = int(self._tiles[1] or TILES[algo][1])
+        return self
 
     def uses_triton(self, device: torch.device) -> bool:
         if self.backend != "auto":
@@ -197,6 +220,7 @@ class PagedCommit:
         if self.uses_triton(pool.device):
             from . import kernels
 
+            self.resolve(pool.device)
             kernels.paged_ops().step(self.layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias,
                                      state_indices, num_accepted, cu_seqlens, scale, out, probe, self.block_v,
                                      self.num_warps, self.algo)
@@ -214,6 +238,7 @@ class PagedCommit:
         if self.uses_triton(pool.device):
             from . import kernels
 
+            self.resolve(pool.device)
             kernels.paged_ops().commit(self.layout, pool, stash, header, state_indices, num_accepted, self.block_v,
                                        self.num_warps, self.algo)
             return

@@ -242,6 +242,30 @@ def test_the_gluon_op_refuses_a_cpu_device():
             torch.tensor([1, 2], dtype=torch.int32), torch.ones(2, dtype=torch.int32), x["cu_seqlens"])
 
 
+def test_auto_picks_the_arithmetic_once_from_the_pages_device(monkeypatch):
+    """algo='auto' runs gluon where the pages are on CUDA and the recurrence where Gluon cannot run (CPU pages,
+    Triton's interpreter), each with its own tiles, and keeps what it picked at its first call."""
+    from strategies.paged import TILES, default_algo
+
+    lay = StashLayout("treewy", 2, 4, 16, 16, num_spec=1)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert default_algo(torch.device("cuda")) == "gluon"
+    assert default_algo(torch.device("cpu")) == "recurrence"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert default_algo(torch.device("cuda")) == "recurrence"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    op = PagedCommit(lay, "triton")
+    assert op.algo is None                                    # undecided until it meets the pages
+    op.resolve(torch.device("cuda"))
+    assert (op.algo, op.block_v, op.num_warps) == ("gluon", *TILES["gluon"])
+    op.resolve(torch.device("cpu"))                           # fixed once chosen
+    assert op.algo == "gluon"
+    pinned = PagedCommit(lay, "triton", block_v=16, algo="auto").resolve(torch.device("cpu"))
+    assert (pinned.algo, pinned.block_v, pinned.num_warps) == ("recurrence", 16, TILES["recurrence"][1])
+    with pytest.raises(ValueError, match="algo='fast'.*auto, recurrence, gluon"):
+        PagedCommit(lay, algo="fast")
+
+
 def _gpu_case(strategy: str, num_spec: int, algo: str) -> None:
     """The compiled op at the 35B-A3B heads, batch 256, its default tiles, 20 steps, against the torch
     reference in float64 on the same GPU: outputs and committed states within 1e-5, identical headers."""

@@ -209,7 +209,7 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
         else:
             fn = lambda: plugin.spec_update(layer, name, L, kernel, **kw)
         env = {"COMMITBENCH_BLOCK_V": str(tiles["block_v"]), "COMMITBENCH_NUM_WARPS": str(tiles["num_warps"]),
-               "COMMITBENCH_PAGED_ALGO": tiles.get("algo", "recurrence")} if tiles else {}
+               "COMMITBENCH_PAGED_ALGO": tiles.get("algo", "auto")} if tiles else {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)        # the plugin reads its tiles when it first meets the layer
         try:

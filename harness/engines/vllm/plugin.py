@@ -12,8 +12,8 @@ process. Selected by the environment, inert otherwise:
   (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
   ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile and warps (default:
   ``strategies.paged.TILES``);
-  ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``strategies.kernels.paged.ALGOS``: ``recurrence``, the
-  default, or ``gluon``, the same with a chosen state-tile layout, CUDA only).
+  ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``auto``, the default: ``gluon`` on CUDA, the recurrence with a
+  chosen state-tile layout; ``recurrence``, the same in plain Triton, also interpreted on CPU).
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -71,7 +71,7 @@ ENV_KERNELS = "COMMITBENCH_KERNELS"
 ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
 # The Triton op's value-column tile and warps per program (default: strategies.paged.TILES).
 ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
-# The Triton op's arithmetic (strategies.kernels.paged.ALGOS: recurrence, or gluon on CUDA).
+# The Triton op's arithmetic (auto, or one of strategies.kernels.paged.ALGOS: recurrence, gluon on CUDA).
 ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
@@ -316,7 +316,7 @@ class _LayerState:
                                          layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec),
                            backend=os.environ.get(ENV_KERNELS, "auto"), block_v=_env_int(ENV_BLOCK_V, None),
                            num_warps=_env_int(ENV_NUM_WARPS, None),
-                           algo=os.environ.get(ENV_ALGO, "").strip() or "recurrence")
+                           algo=os.environ.get(ENV_ALGO, "").strip() or "auto")
 
     def caches(self):
         kv = self.layer.kv_cache
@@ -361,6 +361,7 @@ def _code_of(paged, device: torch.device) -> str:
     if paged is None:
         return "vLLM's own kernel (store_all)"
     if paged.uses_triton(device):
+        paged.resolve(device)
         return (f"Triton paged op (strategies/kernels/paged: {paged.algo}, {paged.block_v} value columns x "
                 f"{paged.num_warps} warps)" + ("" if device.type == "cuda" else ", interpreted"))
     return "torch reference (strategies/paged)"
