@@ -21,7 +21,8 @@ STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY
 #: the same from the page as it is, its commit after the verify, 1.4x (39c52ac), and both projections of a
 #: token from one pass within 4% (554dc81). ``gluon``: the same recurrence with the state tile's layout
 #: chosen (:mod:`.paged_gluon`: 16 K-values per thread, three shuffle rounds per K-reduction instead of
-#: five); CUDA only.
+#: five); CUDA only, 0.70x the Triton kernel's time there, so :class:`strategies.paged.PagedCommit`'s
+#: ``algo="auto"`` picks it on CUDA pages.
 ALGOS = ("recurrence", "gluon")
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}

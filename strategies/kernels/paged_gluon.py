@@ -9,11 +9,9 @@ chunks of 4, so every load instruction still reads 128 contiguous bytes per row)
 quarter of the rows per thread to reduce, with the same registers for the tile. Same arithmetic, same stash
 and header semantics, same grid; :func:`.paged_kernels.paged_finish` runs after it as before.
 
-Not run on a GPU yet. Compiled for sm_90 with Triton 3.6 (the H200 host's) on a CPU machine, treewy at k = 3 with the
-key stride specialised to 1 as at run time: 32 value columns x 4 warps take 80 registers and 18 shuffle
-instructions in the whole kernel, against 168 and 338 for the Triton kernel at that tile; 64 x 2: 254 registers,
-no spills, 54 shuffles, against 255 and 656 (static counts in the PTX; ``.devrun``'s compile check, not committed).
-The H200's GPU tests and ``bench kernels`` tuning decide whether it stays.
+On the H200 (results/h200-kernel-speed, ``gluon-d96148b`` and ``layer-3c14ee8``) it is the default on CUDA:
+within 2.9e-6 of float64 for every strategy, and at 32 value columns x 2 warps (128 registers, no spills)
+0.70x the Triton kernel's time at batch 256, k = 3 (treewy 430 against 607 us), 0.55x vLLM's own store_all kernel.
 """
 
 from __future__ import annotations
