@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness.anchor import drift
+
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
 NO_SPEC = "none"                     # a point's draft without speculation
@@ -75,6 +77,7 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
                    "groups": len(classified), "memory_bound": n_bound, "label": f"{n_bound}/{len(classified)}"},
         "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,
         "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
+        "anchor": drift(store),
     }
     Path(store.root / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     return result
@@ -119,10 +122,26 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
             for regime, row in regimes.items():
                 t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
         console.print(t)
+    a = result.get("anchor")
+    if a:
+        console.print(anchor_line(a))
     for f in result["failed"][:5]:
         console.print(f"  failed: {f['point_id']}: {f['reason']}")
     if report:
         console.print(f"report: {report}/report.html, {report}/report.pdf")
+
+
+def anchor_line(a: dict[str, Any]) -> str:
+    """One sentence on the anchor's drift over the sweep's commands (the report's and the console's)."""
+    ok = [m for m in a["measurements"] if m["status"] == "ok" and m.get("output_throughput")]
+    if not ok:
+        return f"anchor {a['point_id']}: not measured yet"
+    tput = [m["output_throughput"] for m in ok]
+    spread = a["spread"].get("output_throughput")
+    return (f"anchor {a['point_id']}: measured {len(ok)}x over {a['calls']} sweep commands, output throughput "
+            f"{min(tput):.0f}-{max(tput):.0f} tok/s"
+            + (f" (spread {spread:.1%}: ratios between points of different commands carry it)" if spread is not None
+               else " (one measurement: no drift to show yet)"))
 
 
 def _fmt(g: dict) -> str:

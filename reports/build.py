@@ -152,6 +152,7 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 <table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead><tbody>{rows}</tbody></table>
 <p>The TreeWY paper's figures for treewy vs store_all in memory-bound points (B200, measured):</p><ul>{paper}</ul>
 {_no_spec_html(result)}
+{_anchor_html(result)}
 <h2>Figures</h2>{figs_html}
 <h2>Points</h2><p>Click a column header to sort.</p>
 <div class="scroll"><table id="points"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
@@ -177,6 +178,37 @@ function sortTable(col) {{
 </script>
 </body></html>
 """
+
+
+ANCHOR_HEAD = ["call", "measured as", "status", "time (UTC)", "host", "points in call", "output tok/s",
+               "TPOT ms", "p99 TTFT s"]
+
+
+def anchor_rows(result: dict[str, Any]) -> list[list[str]]:
+    """One row per measurement of the sweep's anchor point (empty without one)."""
+    a = result.get("anchor") or {}
+    rows = []
+    for m in a.get("measurements", []):
+        num = lambda v, scale=1.0, f="{:.1f}": "" if v is None else f.format(v * scale)
+        rows.append([str(m["call"] or "-"), m["what"], str(m["status"]), str(m["time_utc"] or ""), str(m["host"] or ""),
+                     str(m["points_in_call"]), num(m.get("output_throughput"), f="{:.0f}"),
+                     num(m.get("tpot_mean"), 1e3), num(m.get("ttft_p99"), f="{:.2f}")])
+    return rows
+
+
+def _anchor_html(result: dict[str, Any]) -> str:
+    from analysis.sweep import anchor_line
+
+    rows = anchor_rows(result)
+    if not rows:
+        return ""
+    e = html.escape
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return (f"<h2>Drift between sweep commands</h2><p>{e(anchor_line(result['anchor']))}. The anchor point runs "
+            "first in every command of the campaign; from the second on it is measured again (anchors/ in the "
+            "result folder), and the grid keeps its first measurement.</p>"
+            f"<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in ANCHOR_HEAD)}</tr></thead><tbody>{body}"
+            "</tbody></table>")
 
 
 def _no_spec_html(result: dict[str, Any]) -> str:
@@ -227,6 +259,21 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
             ax.axis("off")
             tbl = ax.table(cellText=ratio_rows(result, "vs_no_spec"), colLabels=RATIO_HEAD, loc="upper center",
                            cellLoc="center")
+            tbl.auto_set_font_size(False)
+            tbl.set_fontsize(8)
+            tbl.scale(1, 1.4)
+            pdf.savefig(fig)
+            plt.close(fig)
+        if anchor_rows(result):
+            from analysis.sweep import anchor_line
+
+            fig = plt.figure(figsize=(11.7, 8.3))
+            fig.text(0.05, 0.93, f"Drift between sweep commands — engine: {result['engine']}", fontsize=12,
+                     weight="bold")
+            fig.text(0.05, 0.89, anchor_line(result["anchor"]), fontsize=8, wrap=True)
+            ax = fig.add_axes([0.05, 0.25, 0.9, 0.6])
+            ax.axis("off")
+            tbl = ax.table(cellText=anchor_rows(result), colLabels=ANCHOR_HEAD, loc="upper center", cellLoc="center")
             tbl.auto_set_font_size(False)
             tbl.set_fontsize(8)
             tbl.scale(1, 1.4)

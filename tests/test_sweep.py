@@ -85,6 +85,46 @@ def test_rerun_skips_finished_points(tmp_path):
     assert stamps == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "s" / "points").iterdir()}
 
 
+def test_the_anchor_runs_first_in_every_command_and_is_measured_again_when_a_campaign_resumes(tmp_path):
+    """A campaign over several calls: the first command measures the anchor as a grid point, first; a later one
+    with work measures it again (anchors/), first, and leaves the grid's copy alone; one with nothing to run
+    adds no call. Analysis and the report show every measurement."""
+    anchor = "balanced_chat-gmu0.9-c8-chain3-store_all"
+    args = ("sweep", *QUICK, f"out={tmp_path / 's'}", f"anchor={anchor}")
+    first = harness(*args, "concurrency=[8]", "report=false")
+    assert first.returncode == 0, first.stderr[-3000:]
+    grid_copy = (tmp_path / "s" / "points" / anchor / "summary.json").read_text()
+    second = harness(*args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    flat = lambda out: " ".join(out.stdout.split())          # rich wraps lines at the terminal's width
+    assert f"anchor {anchor} measured again first" in flat(second)
+    assert f"anchor {anchor}: measured 2x over 2 sweep commands" in flat(second)
+    third = harness(*args, "report=false")
+    assert third.returncode == 0 and "0 to run" in third.stdout and "measured again" not in flat(third)
+    calls = json.loads((tmp_path / "s" / "calls.json").read_text())
+    assert [c["call"] for c in calls] == [1, 2]                  # the third had nothing to run
+    assert calls[0]["points"][0] == anchor and not calls[0]["anchor_remeasured"] and len(calls[0]["points"]) == 2
+    assert calls[1]["points"][0] == anchor and calls[1]["anchor_remeasured"] and len(calls[1]["points"]) == 3
+    again = tmp_path / "s" / "anchors" / "call-02" / "points" / anchor / "summary.json"
+    assert json.loads(again.read_text())["status"] == "ok"
+    assert (tmp_path / "s" / "points" / anchor / "summary.json").read_text() == grid_copy
+    assert len(list((tmp_path / "s" / "points").iterdir())) == 4  # the grid, without the second measurement
+    a = json.loads((tmp_path / "s" / "analysis.json").read_text())["anchor"]
+    assert a["point_id"] == anchor and a["calls"] == 2
+    assert [(m["call"], m["what"]) for m in a["measurements"]] == [(1, "grid point"), (2, "re-measured")]
+    assert a["spread"]["output_throughput"] is not None
+    assert "Drift between sweep commands" in (tmp_path / "s" / "report.html").read_text()
+
+
+def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_runs_nothing(tmp_path):
+    out = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "anchor=sharegpt-gmu0.6-c1-chain3-store_all",
+                  timeout=120)
+    assert out.returncode == 2
+    assert "anchor=sharegpt-gmu0.6-c1-chain3-store_all: not a point of this sweep's grid" in out.stderr
+    assert "balanced_chat-gmu0.9-c8-chain3-store_all" in out.stderr and "anchor=null" in out.stderr
+    assert not list((tmp_path / "s").glob("points/*"))
+
+
 def test_resume_after_a_killed_sweep(tmp_path):
     """SIGKILL mid-sweep: every stored point is whole; the rerun redoes none of them and finishes the rest."""
     out = tmp_path / "s"

@@ -1,0 +1,122 @@
+"""The sweep's call log and its anchor point: which sweep command ran which points, and one point measured
+again by every command that resumes a campaign, so drift between GPU-host calls (another host, a warmer GPU,
+another staging) shows beside the ratios.
+
+    DIR/calls.json                              one record per sweep command that had work: its start and end
+                                                (UTC), host, git commit, anchor, and the points it finished
+    DIR/anchors/call-NN/points/<id>/summary.json  the anchor as command NN measured it again (a store of its own,
+                                                so the grid's points and their ratios never see it)
+
+A campaign too long for one call (10 minutes on the lent H200 host) runs as the same ``sweep ... out=DIR``
+command in several calls: each resumes the grid. With ``anchor=<point id>``, the first command measures the
+anchor as an ordinary point, first; every later command that still has points to run measures it again, first,
+before the rest. :func:`drift` reads all of its measurements back.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .store import Store, _atomic_write
+
+#: The metrics a drift table shows per measurement (summary.json ``metrics`` keys).
+DRIFT_METRICS = ("output_throughput", "tpot_mean", "ttft_p99")
+
+
+def pick(points: list[dict[str, Any]], anchor: str | None, baseline: str = "store_all") -> dict[str, Any] | None:
+    """The grid point whose id is ``anchor`` (None: no anchor); a clear error when it is not in the grid."""
+    from .point import point_id
+
+    if anchor is None or anchor == "":
+        return None
+    ids = {point_id(p): p for p in points}
+    if anchor in ids:
+        return ids[anchor]
+    base = sorted(i for i, p in ids.items() if p["strategy"] == baseline and p.get("draft"))
+    some = base or sorted(ids)
+    raise ValueError(f"anchor={anchor}: not a point of this sweep's grid; use one of its point ids, e.g. "
+                     f"{', '.join(some[:4])}{' ...' if len(some) > 4 else ''} (the baseline's, so drift shows in "
+                     "the denominator of every ratio), or anchor=null")
+
+
+class CallLog:
+    """``DIR/calls.json``: appended once per sweep command with work, rewritten (atomically) after each point."""
+
+    def __init__(self, root: str | Path):
+        self.path = Path(root) / "calls.json"
+        self.calls: list[dict[str, Any]] = self.read(root)
+
+    @staticmethod
+    def read(root: str | Path) -> list[dict[str, Any]]:
+        path = Path(root) / "calls.json"
+        if not path.is_file():
+            return []
+        try:
+            calls = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: unreadable ({e}); it only lists which command ran which points: move it "
+                             "aside and rerun (the points themselves are intact)") from e
+        return calls if isinstance(calls, list) else []
+
+    def begin(self, anchor: str | None, remeasured: bool) -> dict[str, Any]:
+        from .provenance import git_commit
+
+        call = {"call": len(self.calls) + 1, "started_utc": _now(), "ended_utc": None, "host": platform.node(),
+                "git_commit": git_commit(), "anchor": anchor, "anchor_remeasured": remeasured, "points": []}
+        self.calls.append(call)
+        self._save()
+        return call
+
+    def finished(self, call: dict[str, Any], point_id: str) -> None:
+        call["points"].append(point_id)
+        call["ended_utc"] = _now()
+        self._save()
+
+    def _save(self) -> None:
+        _atomic_write(self.path, json.dumps(self.calls, indent=1))
+
+
+def anchor_store(root: str | Path, call: dict[str, Any]) -> Store:
+    """Where command ``call`` measures the anchor again."""
+    return Store(Path(root) / "anchors" / f"call-{call['call']:02d}")
+
+
+def drift(store: Store) -> dict[str, Any] | None:
+    """Every measurement of the sweep's anchor, in call order (the grid's own first), and each metric's spread
+    (max / min - 1) over them; None without an anchor."""
+    anchor = store.sweep_config().get("anchor")
+    if not anchor:
+        return None
+    calls = CallLog.read(store.root)
+    ran_in: dict[str, int] = {}
+    for c in calls:                     # a point's first command (the anchor's later ones re-measured it)
+        for pid in c["points"]:
+            ran_in.setdefault(pid, c["call"])
+    found: list[tuple[int | None, str, dict[str, Any]]] = []
+    grid = store.points / anchor / "summary.json"
+    if grid.is_file():
+        found.append((ran_in.get(anchor), "grid point", json.loads(grid.read_text())))
+    for d in sorted((store.root / "anchors").glob("call-*/points/*/summary.json")):
+        found.append((int(d.parents[2].name.removeprefix("call-")), "re-measured", json.loads(d.read_text())))
+    rows = []
+    for call, what, s in sorted(found, key=lambda f: (f[0] is None, f[0] or 0)):
+        m = s.get("metrics") or {}
+        rows.append({"call": call, "what": what, "status": s.get("status"),
+                     "time_utc": (s.get("provenance") or {}).get("time_utc"),
+                     "host": (s.get("provenance") or {}).get("host"),
+                     "points_in_call": len(next((c["points"] for c in calls if c["call"] == call), [])),
+                     **{k: m.get(k) for k in DRIFT_METRICS}})
+    spread = {}
+    for k in DRIFT_METRICS:
+        vals = [r[k] for r in rows if r["status"] == "ok" and isinstance(r[k], (int, float)) and r[k] > 0]
+        spread[k] = max(vals) / min(vals) - 1 if len(vals) >= 2 else None
+    return {"point_id": anchor, "measurements": rows, "spread": spread, "calls": len(calls)}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
