@@ -199,14 +199,8 @@ def run(cfg: DictConfig) -> int:
     if engine_name == "vllm":
         if int(c.get("jobs", 1)) > 1:
             raise ValueError(f"jobs={c.get('jobs')}: engine=vllm points share one server and GPU; use jobs=1")
-        # Points that share a server's settings run back to back: one start per (gmu, draft, strategy).
-        todo.sort(key=server_key)
-    # The anchor comes first in every command with work, so a call cut short by its time limit still has it:
-    # measured as a grid point the first time, again (into anchors/) by every later command.
+    todo = run_order(todo, anchor, engine_name == "vllm")
     remeasure = anchor is not None and bool(todo) and store.status(point_id(anchor)) == "ok"
-    if anchor is not None and anchor in todo:
-        todo.remove(anchor)
-        todo.insert(0, anchor)
     console = make_console()
     console.print(f"[bold]sweep {c.get('sweep_name')}[/]: {len(points)} points, {len(points) - len(todo)} already "
                   f"in {out}, {len(todo)} to run (engine: {engine_name})"
@@ -243,6 +237,21 @@ def run(cfg: DictConfig) -> int:
         report_path = build_report(store, result)
     print_summary(result, console, report_path)
     return 0
+
+
+def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_server: bool) -> list[dict[str, Any]]:
+    """The order a command runs its points in. The anchor first, so a call cut short by its time limit still
+    has it (measured as a grid point the first time, again into anchors/ by every later command). On a shared
+    server (vLLM) points with equal :func:`server_key` run back to back, one start per (gmu, draft, strategy),
+    those of the anchor's server first, since the anchor has just started it."""
+    out = list(todo)
+    if shared_server:
+        first = server_key(anchor) if anchor is not None else None
+        out.sort(key=lambda p: (server_key(p) != first, server_key(p)))
+    if anchor is not None and anchor in out:
+        out.remove(anchor)
+        out.insert(0, anchor)
+    return out
 
 
 def server_key(p: dict[str, Any]) -> tuple:

@@ -116,6 +116,22 @@ def test_the_anchor_runs_first_in_every_command_and_is_measured_again_when_a_cam
     assert "Drift between sweep commands" in (tmp_path / "s" / "report.html").read_text()
 
 
+def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_server_at_a_time():
+    from harness.sweep import run_order
+
+    def pt(gmu, strategy, c, draft="chain:3"):
+        return {"gmu": gmu, "strategy": strategy, "draft": draft, "max_num_seqs": 256, "max_model_len": 4096, "c": c}
+
+    grid = [pt(g, s, c) for g in (0.6, 0.9) for s in ("store_all", "treewy") for c in (256, 128)]
+    anchor = pt(0.9, "store_all", 128)
+    got = [(p["gmu"], p["strategy"], p["c"]) for p in run_order(grid, anchor, shared_server=True)]
+    assert got[:2] == [(0.9, "store_all", 128), (0.9, "store_all", 256)]     # one start for both
+    assert got[2:] == [(0.6, "store_all", 256), (0.6, "store_all", 128), (0.6, "treewy", 256), (0.6, "treewy", 128),
+                       (0.9, "treewy", 256), (0.9, "treewy", 128)]
+    assert run_order(grid, None, shared_server=False) == grid                  # the simulator keeps the grid's order
+    assert run_order(grid[1:], anchor, shared_server=False)[0] == anchor
+
+
 def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_runs_nothing(tmp_path):
     out = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "anchor=sharegpt-gmu0.6-c1-chain3-store_all",
                   timeout=120)
