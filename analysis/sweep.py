@@ -135,6 +135,9 @@ def anchor_line(a: dict[str, Any]) -> str:
     """One sentence on the anchor's drift over the sweep's commands (the report's and the console's)."""
     ok = [m for m in a["measurements"] if m["status"] == "ok" and m.get("output_throughput")]
     if not ok:
+        if a["measurements"]:
+            last = a["measurements"][-1]
+            return f"anchor {a['point_id']}: every measurement failed (last: {last.get('reason')})"
         return f"anchor {a['point_id']}: not measured yet"
     tput = [m["output_throughput"] for m in ok]
     spread = a["spread"].get("output_throughput")

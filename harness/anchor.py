@@ -58,14 +58,22 @@ class CallLog:
         try:
             calls = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: unreadable ({e}); it only lists which command ran which points: move it "
-                             "aside and rerun (the points themselves are intact)") from e
-        return calls if isinstance(calls, list) else []
+            calls = e
+        if not isinstance(calls, list):
+            raise ValueError(f"{path}: not a list of calls ({calls if isinstance(calls, Exception) else type(calls)}); "
+                             "it only lists which command ran which points: move it aside and rerun (the points "
+                             "and anchors/ are intact; new calls are numbered after the anchors/ already there)")
+        return calls
 
     def begin(self, anchor: str | None, remeasured: bool) -> dict[str, Any]:
         from .provenance import git_commit
 
-        call = {"call": len(self.calls) + 1, "started_utc": _now(), "ended_utc": None, "host": platform.node(),
+        # After the highest call logged and the highest anchors/call-NN there, so a log moved aside never makes
+        # a re-measure land in a folder that holds an older one (the store would keep the older).
+        seen = [c.get("call", 0) for c in self.calls] + [
+            int(d.name.removeprefix("call-")) for d in (self.path.parent / "anchors").glob("call-*")
+            if d.name.removeprefix("call-").isdigit()]
+        call = {"call": max(seen, default=0) + 1, "started_utc": _now(), "ended_utc": None, "host": platform.node(),
                 "git_commit": git_commit(), "anchor": anchor, "anchor_remeasured": remeasured, "points": []}
         self.calls.append(call)
         self._save()
@@ -73,6 +81,10 @@ class CallLog:
 
     def finished(self, call: dict[str, Any], point_id: str) -> None:
         call["points"].append(point_id)
+        self.end(call)
+
+    def end(self, call: dict[str, Any]) -> None:
+        """Stamp the command's end (after each point, and once more when it stops, interrupted or not)."""
         call["ended_utc"] = _now()
         self._save()
 
@@ -87,25 +99,30 @@ def anchor_store(root: str | Path, call: dict[str, Any]) -> Store:
 
 def drift(store: Store) -> dict[str, Any] | None:
     """Every measurement of the sweep's anchor, in call order (the grid's own first), and each metric's spread
-    (max / min - 1) over them; None without an anchor."""
+    (max / min - 1) over them; None without an anchor. Only the anchor's own re-measurements count: a folder
+    whose anchor was changed keeps the old one's under anchors/, listed as ``other_points``."""
     anchor = store.sweep_config().get("anchor")
     if not anchor:
         return None
     calls = CallLog.read(store.root)
-    ran_in: dict[str, int] = {}
-    for c in calls:                     # a point's first command (the anchor's later ones re-measured it)
-        for pid in c["points"]:
-            ran_in.setdefault(pid, c["call"])
+    # The grid's copy is the last one written as a grid point: by the last command that ran the anchor without
+    # re-measuring it (a failed first try is overwritten by the retry); None: before the call log existed.
+    grid_call = None
+    for c in calls:
+        if anchor in c["points"] and not c.get("anchor_remeasured"):
+            grid_call = c["call"]
     found: list[tuple[int | None, str, dict[str, Any]]] = []
     grid = store.points / anchor / "summary.json"
     if grid.is_file():
-        found.append((ran_in.get(anchor), "grid point", json.loads(grid.read_text())))
-    for d in sorted((store.root / "anchors").glob("call-*/points/*/summary.json")):
+        found.append((grid_call, "grid point", json.loads(grid.read_text())))
+    anchors = store.root / "anchors"
+    for d in sorted(anchors.glob(f"call-*/points/{anchor}/summary.json")):
         found.append((int(d.parents[2].name.removeprefix("call-")), "re-measured", json.loads(d.read_text())))
+    others = sorted({d.name for d in anchors.glob("call-*/points/*") if d.is_dir() and d.name != anchor})
     rows = []
-    for call, what, s in sorted(found, key=lambda f: (f[0] is None, f[0] or 0)):
+    for call, what, s in sorted(found, key=lambda f: (f[0] or 0, f[1] != "grid point")):
         m = s.get("metrics") or {}
-        rows.append({"call": call, "what": what, "status": s.get("status"),
+        rows.append({"call": call, "what": what, "status": s.get("status"), "reason": s.get("reason"),
                      "time_utc": (s.get("provenance") or {}).get("time_utc"),
                      "host": (s.get("provenance") or {}).get("host"),
                      "points_in_call": len(next((c["points"] for c in calls if c["call"] == call), [])),
@@ -114,7 +131,7 @@ def drift(store: Store) -> dict[str, Any] | None:
     for k in DRIFT_METRICS:
         vals = [r[k] for r in rows if r["status"] == "ok" and isinstance(r[k], (int, float)) and r[k] > 0]
         spread[k] = max(vals) / min(vals) - 1 if len(vals) >= 2 else None
-    return {"point_id": anchor, "measurements": rows, "spread": spread, "calls": len(calls)}
+    return {"point_id": anchor, "measurements": rows, "spread": spread, "calls": len(calls), "other_points": others}
 
 
 def _now() -> str:

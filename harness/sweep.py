@@ -184,11 +184,11 @@ def run(cfg: DictConfig) -> int:
         raise ValueError(f"baseline={c.get('baseline')}: must be one of the swept strategies "
                          f"{_as_list(c.get('strategy'))} (it decides which points are memory-bound)")
     points = point_configs(c)
+    anchor = pick_anchor(points, c.get("anchor"), c["baseline"])    # before the folder is touched
     out = Path(c["out"]) if c.get("out") else default_out(c)
     store = Store(out)
     store.init({k: v for k, v in c.items() if k not in ("model", "gpu")} | {"model": c["model"]["name"],
                                                                           "gpu": c["gpu"]["name"]})
-    anchor = pick_anchor(points, c.get("anchor"), c["baseline"])
     todo = []
     for p in points:
         status = store.status(point_id(p))
@@ -226,6 +226,8 @@ def run(cfg: DictConfig) -> int:
         return 130
     finally:
         close_engines()
+        if call is not None:
+            calls.end(call)
     console.print(f"ran {len(runs)} points in {time.perf_counter() - t0:.1f} s ({failed} failed)")
     from analysis.sweep import analyze, print_summary
 

@@ -204,9 +204,12 @@ def _anchor_html(result: dict[str, Any]) -> str:
         return ""
     e = html.escape
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    others = result["anchor"].get("other_points") or []
+    note = (f" anchors/ also holds {', '.join(others)}, re-measured while another anchor was set; not counted."
+            if others else "")
     return (f"<h2>Drift between sweep commands</h2><p>{e(anchor_line(result['anchor']))}. The anchor point runs "
             "first in every command of the campaign; from the second on it is measured again (anchors/ in the "
-            "result folder), and the grid keeps its first measurement.</p>"
+            f"result folder), and the grid keeps its first measurement.{e(note)}</p>"
             f"<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in ANCHOR_HEAD)}</tr></thead><tbody>{body}"
             "</tbody></table>")
 

@@ -51,12 +51,18 @@ ALGOS = ("recurrence", "gluon")         # the Triton op's arithmetic (strategies
 TILES = {"recurrence": (64, 2), "gluon": (32, 2)}
 
 
+#: GPU architectures (compute capability major) where the Gluon kernel's layouts were run and checked.
+GLUON_VALIDATED = (9,)        # sm_90: the H200 (results/h200-kernel-speed)
+
+
 def default_algo(device: torch.device) -> str:
-    """``algo="auto"``'s arithmetic for pages on ``device``: gluon on a CUDA device (0.44-0.72x vLLM's kernel
-    on the H200 where the Triton recurrence is 0.73-1.0x), the recurrence elsewhere (Gluon has no interpreter,
-    so CPU pages run the recurrence in Triton's)."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return "gluon" if device.type == "cuda" and not interpreted else "recurrence"
+    """``algo="auto"``'s arithmetic for pages on ``device``: gluon on a CUDA GPU of an architecture it was
+    validated on (:data:`GLUON_VALIDATED`; on the H200 0.44-0.72x vLLM's kernel where the Triton recurrence is
+    0.73-1.0x), the recurrence elsewhere: CPU pages and Triton's interpreter (Gluon has none), and other GPUs,
+    where Gluon's hand-set layouts are untested (ask for ``algo="gluon"`` to try them)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "recurrence"
+    return "gluon" if torch.cuda.get_device_capability(device)[0] in GLUON_VALIDATED else "recurrence"
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,8 @@ class PagedCommit:
         if self.algo is None:
             algo = (algo_or_device if isinstance(algo_or_device, str)
                     else default_algo(torch.device(algo_or_device)))
+            if algo not in ALGOS:
+                raise ValueError(f"resolve({algo_or_device!r}): give one of {', '.join(ALGOS)} or a torch.device")
             self.algo = algo
             self.block_v = int(self._tiles[0] or TILES[algo][0])
             self.num_warps = int(self._tiles[1] or TILES[algo][1])

@@ -249,6 +249,9 @@ def test_bench_kernels_smoke_and_report(tmp_path):
     fused = {r["draft"]: r for r in res["rows"] if r["strategy"] == "treewy_fused" and r["batch"] == 2}
     moved = [d["chain:3+root"]["states_moved"] for d in (fused, tw, sa)]
     assert moved == sorted(moved)
+    # Each strategy's layer row names the code that ran (here the plugin's torch path: CPU pages, no Triton op).
+    ops = [r for r in res["layer"]["rows"] if r["strategy"] != "vllm_store_all"]
+    assert ops and all(r["code"] == "torch reference (strategies/paged)" for r in ops), {r.get("code") for r in ops}
     # A run cut short resumes: keep half the rows, drop the solve points, mark it unfinished.
     cut = dict(res, complete=False, rows=res["rows"][: len(res["rows"]) // 2], solve=[])
     out.write_text(json.dumps(cut))

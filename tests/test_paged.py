@@ -251,8 +251,13 @@ def test_auto_picks_the_arithmetic_once_from_the_pages_device(monkeypatch):
     from strategies.paged import TILES, default_algo
 
     lay = StashLayout("treewy", 2, 4, 16, 16, num_spec=1)
+    arch = {"major": 9}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (arch["major"], 0))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert default_algo(torch.device("cuda")) == "gluon"
+    assert default_algo(torch.device("cuda")) == "gluon"            # sm_90, where it was validated
+    arch["major"] = 8
+    assert default_algo(torch.device("cuda")) == "recurrence"       # untested layouts elsewhere
+    arch["major"] = 9
     assert default_algo(torch.device("cpu")) == "recurrence"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert default_algo(torch.device("cuda")) == "recurrence"
@@ -267,6 +272,8 @@ def test_auto_picks_the_arithmetic_once_from_the_pages_device(monkeypatch):
     assert (pinned.algo, pinned.block_v, pinned.num_warps) == ("recurrence", 16, TILES["recurrence"][1])
     with pytest.raises(ValueError, match="algo='fast'.*auto, recurrence, gluon"):
         PagedCommit(lay, algo="fast")
+    with pytest.raises(ValueError, match="resolve\\('cuda'\\).*recurrence, gluon or a torch.device"):
+        PagedCommit(lay).resolve("cuda")
 
 
 def _gpu_case(strategy: str, num_spec: int, algo: str) -> None:

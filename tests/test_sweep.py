@@ -133,13 +133,56 @@ def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_
     assert run_order(grid[1:], anchor, shared_server=False)[0] == anchor
 
 
-def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_runs_nothing(tmp_path):
+def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_touches_nothing(tmp_path):
+    first = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "concurrency=[8]", "report=false")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: p.read_bytes() for p in (tmp_path / "s").rglob("*") if p.is_file()}
     out = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "anchor=sharegpt-gmu0.6-c1-chain3-store_all",
                   timeout=120)
     assert out.returncode == 2
     assert "anchor=sharegpt-gmu0.6-c1-chain3-store_all: not a point of this sweep's grid" in out.stderr
     assert "balanced_chat-gmu0.9-c8-chain3-store_all" in out.stderr and "anchor=null" in out.stderr
-    assert not list((tmp_path / "s").glob("points/*"))
+    # sweep.json, the points and the call log are as they were: a typo must not relabel the folder
+    assert {p: p.read_bytes() for p in (tmp_path / "s").rglob("*") if p.is_file()} == before
+
+
+def _summary(status="ok", tput=100.0, reason=None):
+    return {"status": status, "reason": reason, "metrics": {"output_throughput": tput} if status == "ok" else None,
+            "provenance": {"time_utc": "t", "host": "h"}}
+
+
+def test_drift_counts_only_the_anchor_s_own_measurements_and_credits_the_grid_copy_to_its_last_writer(tmp_path):
+    from harness.anchor import CallLog, drift
+
+    root = tmp_path / "s"
+    store = Store(root)
+    store.init({"anchor": "A"})
+    store.write("A", _summary(tput=100.0), None)
+    # call 1 failed the anchor, call 2 retried it as a grid point (the copy in points/), call 3 re-measured it
+    # (and call 3 also re-measured B, the anchor of an earlier setting, which must not count)
+    (root / "calls.json").write_text(json.dumps([
+        {"call": 1, "points": ["A"], "anchor_remeasured": False},
+        {"call": 2, "points": ["A", "x"], "anchor_remeasured": False},
+        {"call": 3, "points": ["A", "B", "y"], "anchor_remeasured": True}]))
+    Store(root / "anchors" / "call-03").write("A", _summary(tput=110.0), None)
+    Store(root / "anchors" / "call-03").write("B", _summary(tput=300.0), None)
+    d = drift(store)
+    assert [(m["call"], m["what"]) for m in d["measurements"]] == [(2, "grid point"), (3, "re-measured")]
+    assert d["spread"]["output_throughput"] == pytest.approx(0.10) and d["other_points"] == ["B"]
+    # the log moved aside: the next call is numbered after the anchors/ there, never into call-03 again
+    (root / "calls.json").rename(root / "calls.moved")
+    assert CallLog(root).begin("A", True)["call"] == 4
+    (root / "calls.json").write_text('{"call": 1}')
+    with pytest.raises(ValueError, match="calls.json: not a list of calls.*move it aside"):
+        CallLog(root)
+
+
+def test_an_anchor_that_only_failed_says_why():
+    from analysis.sweep import anchor_line
+
+    a = {"point_id": "A", "calls": 1, "spread": {}, "measurements": [
+        {"call": 1, "what": "grid point", "status": "failed", "reason": "RuntimeError: no KV memory"}]}
+    assert anchor_line(a) == "anchor A: every measurement failed (last: RuntimeError: no KV memory)"
 
 
 def test_resume_after_a_killed_sweep(tmp_path):

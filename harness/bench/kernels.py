@@ -502,7 +502,7 @@ def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str,
         return set()
     same = ("device", "shape", "num_layers")
     keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "buffer_len", "root", "repeats", "smoke", "solve",
-            "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate")
+            "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate", "layer")
     if old.get("complete") or any(old.get(k) != result[k] for k in same) \
             or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):
         return set()

@@ -220,6 +220,11 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
                 os.environ.pop(k) if val is None else os.environ.__setitem__(k, val)
         if tiles:
             row.update(tiles)
+        ran = getattr(getattr(layer, "_commitbench", None), "paged", None)
+        if ran is not None:               # what ran, as a point records it (algo=auto picks by device)
+            row["code"] = plugin.code_of(ran, caches[1].device)
+            if ran.algo is not None:
+                row.update(algo=ran.algo, block_v=ran.block_v, num_warps=ran.num_warps)
         row["variant"] = variant or None
         row["kernels"] = _resources()
         # Older plugins synced with the host on every call: never captured.

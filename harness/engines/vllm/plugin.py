@@ -12,8 +12,9 @@ process. Selected by the environment, inert otherwise:
   (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
   ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile and warps (default:
   ``strategies.paged.TILES``);
-  ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``auto``, the default: ``gluon`` on CUDA, the recurrence with a
-  chosen state-tile layout; ``recurrence``, the same in plain Triton, also interpreted on CPU).
+  ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``auto``, the default: ``gluon``, the recurrence with a chosen
+  state-tile layout, on the GPUs it was validated on, ``recurrence`` elsewhere, CPU and the interpreter included;
+  ``recurrence``: the same in plain Triton; ``gluon``: asked for, CUDA only; see strategies.paged.default_algo).
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -356,7 +357,7 @@ def gdn_path() -> dict[str, Any]:
     return dict(_PATH)
 
 
-def _code_of(paged, device: torch.device) -> str:
+def code_of(paged, device: torch.device) -> str:
     """What runs a layer's speculative rows: vLLM's kernel (``paged`` None), the Triton op or the torch one."""
     if paged is None:
         return "vLLM's own kernel (store_all)"
@@ -370,7 +371,7 @@ def _code_of(paged, device: torch.device) -> str:
 def _note_path(st: "_LayerState", device: torch.device) -> None:
     if _PATH:
         return
-    code = _code_of(st.paged, device)
+    code = code_of(st.paged, device)
     _PATH.update(strategy=st.name, code=code, device=str(device))
     # One tagged line in the server's log, which the harness reads back into every point's record.
     print(f"{PATH_TAG} {json.dumps(_PATH)}", file=sys.stderr, flush=True)
@@ -410,7 +411,7 @@ def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, sta
                               num_accepted, cu_seqlens, scale, out=torch.empty_like(out, dtype=torch.float32),
                               probe=c_sh)
             probe.compare(layer.prefix, key, committed, c_sh, out, o_sh)
-            probe.shadow_code.setdefault(key, _code_of(paged, pool.device))
+            probe.shadow_code.setdefault(key, code_of(paged, pool.device))
         return out
     kv = st.caches()
     out = q.new_empty(q.shape[0], v.shape[1], v.shape[2])
@@ -595,7 +596,7 @@ class _Probe:
         self.comparisons: list[dict[str, Any]] = []
         self.drafts: list[torch.Tensor] = []  # [n, 3]: MTP top-1 token, top-2 token, logit margin
         self.steps: dict[str, int] = {}
-        self.shadow_code: dict[str, str] = {}   # what ran each shadow strategy (_code_of)
+        self.shadow_code: dict[str, str] = {}   # what ran each shadow strategy (code_of)
         self.spec_req_ids: list[str] = []    # the speculative rows' requests, in row order, this step
         atexit.register(self.save)
 
