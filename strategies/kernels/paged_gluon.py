@@ -9,7 +9,7 @@ chunks of 4, so every load instruction still reads 128 contiguous bytes per row)
 quarter of the rows per thread to reduce, with the same registers for the tile. Same arithmetic, same stash
 and header semantics, same grid; :func:`.paged_kernels.paged_finish` runs after it as before.
 
-On the H200 (results/h200-kernel-speed, ``gluon-d96148b`` and ``layer-3c14ee8``) it is the default on CUDA:
+On the H200 (results/h200-kernel-speed, ``gluon-d96148b`` and ``layer-3c14ee8``) it is the default on sm_90:
 within 2.9e-6 of float64 for every strategy, and at 32 value columns x 2 warps (128 registers, no spills)
 0.70x the Triton kernel's time at batch 256, k = 3 (treewy 430 against 607 us), 0.55x vLLM's own store_all kernel.
 """
