@@ -4,6 +4,7 @@
 set -u
 T0=$(date +%s)
 bash .vllm-bundle/c3/unpack.sh || exit 3
+[ -n "${UNPACK_ONLY:-}" ] && exit 0
 source results/h200-kernel-speed/device/env.sh
 echo "[$(( $(date +%s) - T0 ))s] env ready"
 timeout ${LAYER_TIMEOUT:-260} python3 -m harness bench kernels 'sections=[layer]' out=$OUT/layer.json > $OUT/layer.log 2>&1
