@@ -229,6 +229,24 @@ def _no_spec_html(result: dict[str, Any]) -> str:
 
 # -- PDF -------------------------------------------------------------------------------
 
+def _table_page(pdf, title: str, rows: list[list[str]], head: list[str], note: str | None = None) -> None:
+    """One A4-landscape page: a title, an optional line under it, and a table."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(11.7, 8.3))
+    fig.text(0.05, 0.93, title, fontsize=12, weight="bold")
+    if note:
+        fig.text(0.05, 0.89, note, fontsize=8, wrap=True)
+    ax = fig.add_axes([0.05, 0.25, 0.9, 0.6])
+    ax.axis("off")
+    tbl = ax.table(cellText=rows, colLabels=head, loc="upper center", cellLoc="center")
+    tbl.auto_set_font_size(False)
+    tbl.set_fontsize(8)
+    tbl.scale(1, 1.4)
+    pdf.savefig(fig)
+    plt.close(fig)
+
+
 def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.backends.backend_pdf import PdfPages
@@ -255,33 +273,13 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
         pdf.savefig(fig)
         plt.close(fig)
         if ratio_rows(result, "vs_no_spec"):
-            fig = plt.figure(figsize=(11.7, 8.3))
-            fig.text(0.05, 0.93, f"Ratios to speculation off (draft=none) — engine: {result['engine']}", fontsize=12,
-                     weight="bold")
-            ax = fig.add_axes([0.05, 0.25, 0.9, 0.6])
-            ax.axis("off")
-            tbl = ax.table(cellText=ratio_rows(result, "vs_no_spec"), colLabels=RATIO_HEAD, loc="upper center",
-                           cellLoc="center")
-            tbl.auto_set_font_size(False)
-            tbl.set_fontsize(8)
-            tbl.scale(1, 1.4)
-            pdf.savefig(fig)
-            plt.close(fig)
+            _table_page(pdf, f"Ratios to speculation off (draft=none) — engine: {result['engine']}",
+                        ratio_rows(result, "vs_no_spec"), RATIO_HEAD)
         if anchor_rows(result):
             from analysis.sweep import anchor_line
 
-            fig = plt.figure(figsize=(11.7, 8.3))
-            fig.text(0.05, 0.93, f"Drift between sweep commands — engine: {result['engine']}", fontsize=12,
-                     weight="bold")
-            fig.text(0.05, 0.89, anchor_line(result["anchor"]), fontsize=8, wrap=True)
-            ax = fig.add_axes([0.05, 0.25, 0.9, 0.6])
-            ax.axis("off")
-            tbl = ax.table(cellText=anchor_rows(result), colLabels=ANCHOR_HEAD, loc="upper center", cellLoc="center")
-            tbl.auto_set_font_size(False)
-            tbl.set_fontsize(8)
-            tbl.scale(1, 1.4)
-            pdf.savefig(fig)
-            plt.close(fig)
+            _table_page(pdf, f"Drift between sweep commands — engine: {result['engine']}", anchor_rows(result),
+                        ANCHOR_HEAD, note=anchor_line(result["anchor"]))
         for _, f in figs:
             pdf.savefig(f)
         pts = sorted(result["points"], key=lambda p: (p["workload"], p["gmu"], p["load"], p["strategy"]))
