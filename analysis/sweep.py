@@ -3,6 +3,7 @@
 ``python -m harness analyze DIR`` writes ``DIR/analysis.json`` and prints the summary. A
 (workload, gmu, load, draft) group is memory-bound when its *baseline* point's pool was exhausted
 (see analysis.regimes); every other strategy's point in the group is compared with the baseline.
+With a sweep ``anchor``, :func:`drift` lists its measurements over the sweep's commands (harness.anchor).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.anchor import drift
+from harness.anchor import CallLog
 
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
 NO_SPEC = "none"                     # a point's draft without speculation
 NO_SPEC_SERIES = "no_spec"           # its line in figures and tables
+#: The metrics a drift table shows per measurement of the anchor (summary.json ``metrics`` keys).
+DRIFT_METRICS = ("output_throughput", "tpot_mean", "ttft_p99")
 
 
 def _load_label(load: dict) -> tuple[str, float]:
@@ -104,6 +107,43 @@ def vs_no_spec(groups: dict[tuple, dict[str, dict]], base: str) -> dict[str, dic
             out[s][regime] = {name: geomean([ratio(a, b, name) for a, b in pts]) for name in RATIOS}
             out[s][regime]["points"] = len(pts)
     return out
+
+
+def drift(store) -> dict[str, Any] | None:
+    """Every measurement of the sweep's anchor, in call order (the grid's own first), and each metric's spread
+    (max / min - 1) over them; None without an anchor. Only the anchor's own re-measurements count: a folder
+    whose anchor was changed keeps the old one's under anchors/, listed as ``other_points``."""
+    anchor = store.sweep_config().get("anchor")
+    if not anchor:
+        return None
+    calls = CallLog.read(store.root)
+    # The grid's copy is the last one written as a grid point: by the last command that ran the anchor without
+    # re-measuring it (a failed first try is overwritten by the retry); None: before the call log existed.
+    grid_call = None
+    for c in calls:
+        if anchor in c["points"] and not c.get("anchor_remeasured"):
+            grid_call = c["call"]
+    found: list[tuple[int | None, str, dict[str, Any]]] = []
+    grid = store.points / anchor / "summary.json"
+    if grid.is_file():
+        found.append((grid_call, "grid point", json.loads(grid.read_text())))
+    anchors = store.root / "anchors"
+    for d in sorted(anchors.glob(f"call-*/points/{anchor}/summary.json")):
+        found.append((int(d.parents[2].name.removeprefix("call-")), "re-measured", json.loads(d.read_text())))
+    others = sorted({d.name for d in anchors.glob("call-*/points/*") if d.is_dir() and d.name != anchor})
+    rows = []
+    for call, what, s in sorted(found, key=lambda f: (f[0] or 0, f[1] != "grid point")):
+        m = s.get("metrics") or {}
+        rows.append({"call": call, "what": what, "status": s.get("status"), "reason": s.get("reason"),
+                     "time_utc": (s.get("provenance") or {}).get("time_utc"),
+                     "host": (s.get("provenance") or {}).get("host"),
+                     "points_in_call": len(next((c["points"] for c in calls if c["call"] == call), [])),
+                     **{k: m.get(k) for k in DRIFT_METRICS}})
+    spread = {}
+    for k in DRIFT_METRICS:
+        vals = [r[k] for r in rows if r["status"] == "ok" and isinstance(r[k], (int, float)) and r[k] > 0]
+        spread[k] = max(vals) / min(vals) - 1 if len(vals) >= 2 else None
+    return {"point_id": anchor, "measurements": rows, "spread": spread, "calls": len(calls), "other_points": others}
 
 
 def print_summary(result: dict[str, Any], console, report: Path | None = None) -> None:

@@ -10,7 +10,7 @@ another staging) shows beside the ratios.
 A campaign too long for one call (10 minutes on the lent H200 host) runs as the same ``sweep ... out=DIR``
 command in several calls: each resumes the grid. With ``anchor=<point id>``, the first command measures the
 anchor as an ordinary point, first; every later command that still has points to run measures it again, first,
-before the rest. :func:`drift` reads all of its measurements back.
+before the rest. :func:`analysis.sweep.drift` reads all of its measurements back.
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from .store import Store, _atomic_write
-
-#: The metrics a drift table shows per measurement (summary.json ``metrics`` keys).
-DRIFT_METRICS = ("output_throughput", "tpot_mean", "ttft_p99")
-
 
 def pick(points: list[dict[str, Any]], anchor: str | None, baseline: str = "store_all") -> dict[str, Any] | None:
     """The grid point whose id is ``anchor`` (None: no anchor); a clear error when it is not in the grid."""
@@ -95,43 +91,6 @@ class CallLog:
 def anchor_store(root: str | Path, call: dict[str, Any]) -> Store:
     """Where command ``call`` measures the anchor again."""
     return Store(Path(root) / "anchors" / f"call-{call['call']:02d}")
-
-
-def drift(store: Store) -> dict[str, Any] | None:
-    """Every measurement of the sweep's anchor, in call order (the grid's own first), and each metric's spread
-    (max / min - 1) over them; None without an anchor. Only the anchor's own re-measurements count: a folder
-    whose anchor was changed keeps the old one's under anchors/, listed as ``other_points``."""
-    anchor = store.sweep_config().get("anchor")
-    if not anchor:
-        return None
-    calls = CallLog.read(store.root)
-    # The grid's copy is the last one written as a grid point: by the last command that ran the anchor without
-    # re-measuring it (a failed first try is overwritten by the retry); None: before the call log existed.
-    grid_call = None
-    for c in calls:
-        if anchor in c["points"] and not c.get("anchor_remeasured"):
-            grid_call = c["call"]
-    found: list[tuple[int | None, str, dict[str, Any]]] = []
-    grid = store.points / anchor / "summary.json"
-    if grid.is_file():
-        found.append((grid_call, "grid point", json.loads(grid.read_text())))
-    anchors = store.root / "anchors"
-    for d in sorted(anchors.glob(f"call-*/points/{anchor}/summary.json")):
-        found.append((int(d.parents[2].name.removeprefix("call-")), "re-measured", json.loads(d.read_text())))
-    others = sorted({d.name for d in anchors.glob("call-*/points/*") if d.is_dir() and d.name != anchor})
-    rows = []
-    for call, what, s in sorted(found, key=lambda f: (f[0] or 0, f[1] != "grid point")):
-        m = s.get("metrics") or {}
-        rows.append({"call": call, "what": what, "status": s.get("status"), "reason": s.get("reason"),
-                     "time_utc": (s.get("provenance") or {}).get("time_utc"),
-                     "host": (s.get("provenance") or {}).get("host"),
-                     "points_in_call": len(next((c["points"] for c in calls if c["call"] == call), [])),
-                     **{k: m.get(k) for k in DRIFT_METRICS}})
-    spread = {}
-    for k in DRIFT_METRICS:
-        vals = [r[k] for r in rows if r["status"] == "ok" and isinstance(r[k], (int, float)) and r[k] > 0]
-        spread[k] = max(vals) / min(vals) - 1 if len(vals) >= 2 else None
-    return {"point_id": anchor, "measurements": rows, "spread": spread, "calls": len(calls), "other_points": others}
 
 
 def _now() -> str:

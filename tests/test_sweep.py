@@ -152,7 +152,8 @@ def _summary(status="ok", tput=100.0, reason=None):
 
 
 def test_drift_counts_only_the_anchor_s_own_measurements_and_credits_the_grid_copy_to_its_last_writer(tmp_path):
-    from harness.anchor import CallLog, drift
+    from analysis.sweep import drift
+    from harness.anchor import CallLog
 
     root = tmp_path / "s"
     store = Store(root)
