@@ -19,6 +19,7 @@ import strategies
 
 from .anchor import CallLog, anchor_store
 from .anchor import pick as pick_anchor
+from .budget import TimeBudget
 from .config import compose, conf_dir, parse_draft
 from .point import close_engines, point_id, run_point
 from .store import Store
@@ -185,6 +186,13 @@ def run(cfg: DictConfig) -> int:
                          f"{_as_list(c.get('strategy'))} (it decides which points are memory-bound)")
     points = point_configs(c)
     anchor = pick_anchor(points, c.get("anchor"), c["baseline"])    # before the folder is touched
+    budget = None
+    if c.get("time_budget_s") is not None:                            # so is the budget (and its clock starts)
+        shared = bool(points) and points[0]["engine"]["name"] == "vllm"
+        budget = TimeBudget(c["time_budget_s"], server_key if shared else None)
+        if int(c.get("jobs", 1)) > 1:
+            raise ValueError(f"time_budget_s={c['time_budget_s']} with jobs={c.get('jobs')}: the budget decides "
+                             "before each point, one at a time; use jobs=1, or time_budget_s=null")
     out = Path(c["out"]) if c.get("out") else default_out(c)
     store = Store(out)
     store.init({k: v for k, v in c.items() if k not in ("model", "gpu")} | {"model": c["model"]["name"],
@@ -211,11 +219,12 @@ def run(cfg: DictConfig) -> int:
     runs += [(p, store) for p in todo]
     t0 = time.perf_counter()
     failed = 0
+    stop: dict[str, Any] = {}
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False) as bar:
             task = bar.add_task("points", total=len(runs))
-            for s in _execute(runs, int(c.get("jobs", 1))):
+            for s in _execute(runs, int(c.get("jobs", 1)), budget, stop):
                 failed += s["status"] != "ok"
                 calls.finished(call, s["point_id"])
                 bar.update(task, advance=1, description=f"{s['point_id'][:60]:<60}")
@@ -227,8 +236,18 @@ def run(cfg: DictConfig) -> int:
     finally:
         close_engines()
         if call is not None:
+            if stop:     # why this command left points to the next one, for whoever reads the call log
+                call["stopped"] = {"by": "time_budget_s", "budget_s": float(c["time_budget_s"]),
+                                   "before": stop["point_id"], "estimate_s": round(stop["estimate_s"], 1),
+                                   "left_s": round(stop["left_s"], 1), "points_left": stop["points_left"]}
             calls.end(call)
-    console.print(f"ran {len(runs)} points in {time.perf_counter() - t0:.1f} s ({failed} failed)")
+    ran = len(runs) - stop.get("points_left", 0)
+    console.print(f"ran {ran} points in {time.perf_counter() - t0:.1f} s ({failed} failed)")
+    if stop:
+        est = f"{stop['estimate_s']:.0f} s expected" + (" with a server start" if stop["opens_server"] else "")
+        console.print(f"[bold]time_budget_s={c['time_budget_s']}[/]: stopped before {stop['point_id']} ({est}, "
+                      f"{max(stop['left_s'], 0):.0f} s left); {stop['points_left']} points left for the next "
+                      "command: rerun the same command to resume")
     from analysis.sweep import analyze, print_summary
 
     result = analyze(store)
@@ -261,11 +280,24 @@ def server_key(p: dict[str, Any]) -> tuple:
     return (p["gmu"], p.get("draft") or "", p["strategy"], p["max_num_seqs"], p["max_model_len"])
 
 
-def _execute(runs: list[tuple[dict[str, Any], Store]], jobs: int):
-    """Run each (point, store it goes to) pair; yields the summaries as they finish."""
+def _execute(runs: list[tuple[dict[str, Any], Store]], jobs: int, budget: TimeBudget | None = None,
+             stop: dict[str, Any] | None = None):
+    """Run each (point, store it goes to) pair; yields the summaries as they finish. With a ``budget`` (jobs=1)
+    it stops before the first point not expected to fit and says why in ``stop``."""
     if jobs <= 1:
-        for p, store in runs:
-            yield run_point(p, store)
+        for i, (p, store) in enumerate(runs):
+            if budget is None:
+                yield run_point(p, store)
+                continue
+            fits, est = budget.fits(p)
+            if not fits:
+                stop.update(point_id=point_id(p), estimate_s=est, left_s=budget.left(),
+                            opens_server=budget.opens_server(p), points_left=len(runs) - i)
+                return
+            t = budget.clock()
+            s = run_point(p, store)
+            budget.record(p, budget.clock() - t)
+            yield s
         return
     from joblib import Parallel, delayed
 

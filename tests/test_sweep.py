@@ -133,6 +133,54 @@ def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_
     assert run_order(grid[1:], anchor, shared_server=False)[0] == anchor
 
 
+def test_a_time_budget_stops_before_a_point_it_expects_to_overrun_and_the_next_command_resumes(tmp_path):
+    """A lent host kills a call at its limit, and with it the point running (on vLLM also the server start it
+    paid for). time_budget_s stops cleanly instead: the first point always runs (nothing is known yet), each
+    later one only if this command's history says it fits; the call log says why it stopped, and the same
+    command without the budget finishes the grid."""
+    args = ("sweep", *QUICK, f"out={tmp_path / 's'}", "report=false")
+    out = harness(*args, "time_budget_s=0.001")
+    assert out.returncode == 0, out.stderr[-3000:]
+    flat = " ".join(out.stdout.split())
+    assert "ran 1 points" in flat and "time_budget_s=0.001: stopped before" in flat and "3 points left" in flat
+    assert len(list(Store(tmp_path / "s").summaries())) == 1
+    call = json.loads((tmp_path / "s" / "calls.json").read_text())[0]
+    assert len(call["points"]) == 1 and call["stopped"]["by"] == "time_budget_s"
+    assert call["stopped"]["points_left"] == 3 and call["stopped"]["before"] not in call["points"]
+    rest = harness(*args, "time_budget_s=3600")
+    assert rest.returncode == 0 and "1 already in" in rest.stdout and "3 to run" in rest.stdout
+    assert "stopped before" not in rest.stdout and len(list(Store(tmp_path / "s").summaries())) == 4
+    assert "stopped" not in json.loads((tmp_path / "s" / "calls.json").read_text())[1]
+    for bad, why in (("time_budget_s=-5", "must be a number of seconds > 0"),
+                     ("time_budget_s=abc", "must be a number of seconds > 0")):
+        r = harness("sweep", *QUICK, f"out={tmp_path / 'bad'}", bad, timeout=120)
+        assert r.returncode == 2 and bad.split("=")[0] in r.stderr and why in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "bad").exists()                  # refused before the folder is touched
+    r = harness("sweep", *QUICK, f"out={tmp_path / 'par'}", "time_budget_s=60", "jobs=2", timeout=120)
+    assert r.returncode == 2 and "use jobs=1, or time_budget_s=null" in r.stderr
+
+
+def test_the_budget_expects_a_server_start_only_where_a_point_opens_a_server():
+    from harness.budget import MARGIN, TimeBudget
+
+    now = [0.0]
+    b = TimeBudget(600, key=lambda p: p["server"], clock=lambda: now[0])
+    a1, a2, b1 = {"server": "a"}, {"server": "a"}, {"server": "b"}
+    assert b.fits(a1) == (True, None)                        # nothing known: it runs
+    b.record(a1, 250.0); now[0] = 250.0                      # start + run
+    assert b.estimate(a2) == MARGIN * 250.0                  # no point on a running server yet: as long as a start
+    b.record(a2, 40.0); now[0] = 290.0
+    assert b.estimate({"server": "a"}) == MARGIN * 40.0 and b.opens_server(b1) and b.estimate(b1) == MARGIN * 250
+    assert b.fits(b1) == (True, MARGIN * 250.0)              # 310 s left
+    now[0] = 400.0
+    assert b.fits({"server": "a"})[0] and not b.fits(b1)[0]
+    b.record(b1, 120.0); now[0] = 520.0                      # a warm start: the latest start is what counts
+    assert b.estimate({"server": "c"}) == MARGIN * 120.0
+    sim = TimeBudget(10, key=None, clock=lambda: 0.0)
+    sim.record({}, 3.0)
+    assert sim.estimate({}) == MARGIN * 3.0 and not sim.opens_server({})
+
+
 def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_touches_nothing(tmp_path):
     first = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "concurrency=[8]", "report=false")
     assert first.returncode == 0, first.stderr[-3000:]
