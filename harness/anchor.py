@@ -3,7 +3,8 @@ again by every command that resumes a campaign, so drift between GPU-host calls 
 another staging) shows beside the ratios.
 
     DIR/calls.json                              one record per sweep command that had work: its start and end
-                                                (UTC), host, git commit, anchor, and the points it finished
+                                                (UTC), host and boot, git commit, anchor, the points it finished,
+                                                and why it stopped early (time_budget_s) if it did
     DIR/anchors/call-NN/points/<id>/summary.json  the anchor as command NN measured it again (a store of its own,
                                                 so the grid's points and their ratios never see it)
 
@@ -70,7 +71,7 @@ class CallLog:
             int(d.name.removeprefix("call-")) for d in (self.path.parent / "anchors").glob("call-*")
             if d.name.removeprefix("call-").isdigit()]
         call = {"call": max(seen, default=0) + 1, "started_utc": _now(), "ended_utc": None, "host": platform.node(),
-                "git_commit": git_commit(), "anchor": anchor, "anchor_remeasured": remeasured, "points": []}
+                "boot_id": boot_id(), "git_commit": git_commit(), "anchor": anchor, "anchor_remeasured": remeasured, "points": []}
         self.calls.append(call)
         self._save()
         return call
@@ -91,6 +92,15 @@ class CallLog:
 def anchor_store(root: str | Path, call: dict[str, Any]) -> Store:
     """Where command ``call`` measures the anchor again."""
     return Store(Path(root) / "anchors" / f"call-{call['call']:02d}")
+
+
+def boot_id() -> str | None:
+    """This boot of this machine (Linux), to tell a lent host's calls apart: every fresh H200 host is named "vm",
+    and what a boot keeps (vLLM's and Triton's compile caches) matters to how long a server start takes."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _now() -> str:

@@ -86,7 +86,12 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
     ecfg = cfg["engine"]
     key = json.dumps(ecfg, sort_keys=True, default=str)
     if key in _ENGINES:
-        return _ENGINES[key]
+        engine = _ENGINES[key]
+        # A server this engine starts next logs beside the point it starts for (an anchor measured again runs
+        # into anchors/call-NN/, the grid's points after it into the grid's folder)
+        if ecfg.get("name") == "vllm" and not ecfg.get("log_dir") and store is not None:
+            engine.log_dir = store.root / "engine-logs"
+        return engine
     name = ecfg["name"]
     if name == "sim":
         from .engines.sim.engine import SimEngine

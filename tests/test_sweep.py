@@ -123,11 +123,14 @@ def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_
     def pt(gmu, strategy, c, draft="chain:3"):
         return {"gmu": gmu, "strategy": strategy, "draft": draft, "max_num_seqs": 256, "max_model_len": 4096, "c": c}
 
-    grid = [pt(g, s, c) for g in (0.6, 0.9) for s in ("store_all", "treewy") for c in (256, 128)]
+    grid = [pt(g, s, c) for g in (0.6, 0.9) for s in ("replay", "store_all", "treewy") for c in (256, 128)]
     anchor = pt(0.9, "store_all", 128)
     got = [(p["gmu"], p["strategy"], p["c"]) for p in run_order(grid, anchor, shared_server=True)]
     assert got[:2] == [(0.9, "store_all", 128), (0.9, "store_all", 256)]     # one start for both
-    assert got[2:] == [(0.6, "store_all", 256), (0.6, "store_all", 128), (0.6, "treewy", 256), (0.6, "treewy", 128),
+    # then the anchor's strategy at the other gmu (vLLM's compile cache is warm for it), then one strategy at a
+    # time over its gmu values, so only a strategy's first start compiles
+    assert got[2:] == [(0.6, "store_all", 256), (0.6, "store_all", 128), (0.6, "replay", 256), (0.6, "replay", 128),
+                       (0.9, "replay", 256), (0.9, "replay", 128), (0.6, "treewy", 256), (0.6, "treewy", 128),
                        (0.9, "treewy", 256), (0.9, "treewy", 128)]
     assert run_order(grid, None, shared_server=False) == grid                  # the simulator keeps the grid's order
     assert run_order(grid[1:], anchor, shared_server=False)[0] == anchor
@@ -161,24 +164,57 @@ def test_a_time_budget_stops_before_a_point_it_expects_to_overrun_and_the_next_c
 
 
 def test_the_budget_expects_a_server_start_only_where_a_point_opens_a_server():
+    """The run from the latest point, scaled by requests; a start only where the point opens a server: one of a
+    kind this host has compiled for as long as the shortest start seen, any other as long as the longest."""
     from harness.budget import MARGIN, TimeBudget
 
     now = [0.0]
-    b = TimeBudget(600, key=lambda p: p["server"], clock=lambda: now[0])
-    a1, a2, b1 = {"server": "a"}, {"server": "a"}, {"server": "b"}
-    assert b.fits(a1) == (True, None)                        # nothing known: it runs
-    b.record(a1, 250.0); now[0] = 250.0                      # start + run
-    assert b.estimate(a2) == MARGIN * 250.0                  # no point on a running server yet: as long as a start
-    b.record(a2, 40.0); now[0] = 290.0
-    assert b.estimate({"server": "a"}) == MARGIN * 40.0 and b.opens_server(b1) and b.estimate(b1) == MARGIN * 250
-    assert b.fits(b1) == (True, MARGIN * 250.0)              # 310 s left
+    b = TimeBudget(600, key=lambda p: (p["strategy"], p["gmu"]), warm_key=lambda p: p["strategy"],
+                   past_starts=[280.0, None], warm={"replay"}, clock=lambda: now[0])
+    sa9_128, sa9_256 = ({"strategy": "store_all", "gmu": 0.9, "requests": n} for n in (256, 512))
+    sa6, tw6, rp6 = ({"strategy": s, "gmu": 0.6, "requests": 256} for s in ("store_all", "treewy", "replay"))
+    assert b.fits(sa9_128) == (True, None)                   # nothing known: it runs
+    b.record(sa9_128, 140.0, startup_s=110.0); now[0] = 140.0
+    assert b.estimate(sa9_256) == pytest.approx(MARGIN * 60.0)   # 30 s run x 512/256 requests, no start
+    b.record(sa9_256, 50.0, startup_s=110.0); now[0] = 190.0     # the server's start, not this point's
+    assert b.estimate(sa6) == pytest.approx(MARGIN * (110.0 + 25.0))   # compiled in this command: warm
+    assert b.estimate(rp6) == pytest.approx(MARGIN * (110.0 + 25.0))   # compiled by an earlier command here
+    assert b.estimate(tw6) == pytest.approx(MARGIN * (280.0 + 25.0))   # never: the longest start seen
+    assert b.fits(tw6)[0]                                     # 410 s left
     now[0] = 400.0
-    assert b.fits({"server": "a"})[0] and not b.fits(b1)[0]
-    b.record(b1, 120.0); now[0] = 520.0                      # a warm start: the latest start is what counts
-    assert b.estimate({"server": "c"}) == MARGIN * 120.0
-    sim = TimeBudget(10, key=None, clock=lambda: 0.0)
-    sim.record({}, 3.0)
-    assert sim.estimate({}) == MARGIN * 3.0 and not sim.opens_server({})
+    assert b.fits(sa6)[0] and not b.fits(tw6)[0]              # 200 s left
+    sim = TimeBudget(10, clock=lambda: 0.0)
+    sim.record({"requests": 100}, 3.0)
+    assert sim.estimate({"requests": 200}) == pytest.approx(MARGIN * 6.0) and not sim.opens_server({})
+
+
+def test_the_budget_learns_start_times_from_the_folder_and_warm_servers_only_from_this_boot(tmp_path):
+    from harness.anchor import CallLog, boot_id
+    from harness.budget import TimeBudget
+    from harness.point import point_id
+    from harness.sweep import budget_history, compile_key, server_key
+
+    if boot_id() is None:
+        pytest.skip("no /proc/sys/kernel/random/boot_id here (not Linux): the budget cannot tell boots apart")
+    def pt(strategy, gmu):
+        return {"workload_name": "sharegpt", "gmu": gmu, "load": {"kind": "closed", "concurrency": 128},
+                "draft": "chain:3", "strategy": strategy, "max_num_seqs": 256, "max_model_len": 4096}
+
+    points = [pt(s, g) for s in ("store_all", "treewy", "replay") for g in (0.6, 0.9)]
+    ids = [point_id(p) for p in points]
+    root = tmp_path / "s"
+    for store, pid, start in ((Store(root), ids[0], 290.0), (Store(root / "anchors" / "call-02"), ids[1], 104.0)):
+        d = store.root / "points" / pid
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"point_id": pid, "status": "ok",
+                                                    "telemetry": {"server": {"startup_s": start}}}))
+    (root / "calls.json").write_text(json.dumps([
+        {"call": 1, "boot_id": boot_id(), "points": [ids[0], ids[1]]},
+        {"call": 2, "boot_id": "another-host", "points": [ids[2]]}]))
+    b = TimeBudget(600, server_key, compile_key, clock=lambda: 0.0)
+    budget_history(b, Store(root), CallLog(root), points)
+    assert sorted(b.start_times) == [104.0, 290.0]
+    assert b.warm == {compile_key(points[0])} and compile_key(points[2]) not in b.warm
 
 
 def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_touches_nothing(tmp_path):
@@ -384,3 +420,18 @@ def test_report_opens_in_headless_chromium_without_console_errors(tmp_path):
     assert "0 console errors" in out.stdout
     assert (tmp_path / "s" / "render" / "report-html.png").stat().st_size > 10_000
     assert len(list((tmp_path / "s" / "render").glob("report-pdf-*.png"))) >= 3
+
+
+def test_a_vllm_server_started_after_the_anchor_logs_beside_the_point_it_starts_for(tmp_path):
+    """The anchor measured again runs into anchors/call-NN/; the grid's servers started after it in the same
+    command log into the grid's folder, not the anchor's (the engine is created once per command)."""
+    from harness.point import _ENGINES, engine_for
+
+    cfg = {"engine": {"name": "vllm", "log_dir": None}}
+    try:
+        first = engine_for(cfg, Store(tmp_path / "s" / "anchors" / "call-02"))
+        assert first.log_dir == tmp_path / "s" / "anchors" / "call-02" / "engine-logs"
+        again = engine_for(cfg, Store(tmp_path / "s"))
+        assert again is first and again.log_dir == tmp_path / "s" / "engine-logs"
+    finally:
+        _ENGINES.clear()

@@ -11,6 +11,10 @@ T0=${CALL_T0:-$(date +%s)}
 LIMIT=${CALL_LIMIT:-600}           # the host's per-call limit, s
 source results/h200-kernel-speed/device/env.sh
 D=/tmp/e2e-$CALL
+# a fresh host resumes the campaign from its committed folder (results/h200-kernel-speed/e2e/CALL), if any
+if [ ! -d $D ] && [ -d results/h200-kernel-speed/e2e/$CALL ]; then
+  cp -r results/h200-kernel-speed/e2e/$CALL $D && echo "resuming from results/h200-kernel-speed/e2e/$CALL"
+fi
 # vLLM's and Triton's compile caches from an earlier session, if one was brought back (a server start is then
 # ~100 s instead of ~250 s; the caches change what a start compiles, not what a run measures)
 [ -f .devcache/compile-cache.tgz ] && tar xzf .devcache/compile-cache.tgz -C ~ && echo "compile caches restored"
