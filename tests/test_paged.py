@@ -451,6 +451,42 @@ def test_the_h200_shadow_check_ran_the_compiled_op_in_every_layer_within_its_bou
         assert len(layers) == gdn_layers, (name, len(layers))
 
 
+H200_E2E = Path(__file__).resolve().parents[1] / "results" / "h200-kernel-speed" / "e2e" / "final"
+
+
+def test_every_point_of_the_h200_campaign_ran_the_same_measured_code_in_vllm_s_default_graph_mode():
+    """Issue 16's end-to-end campaign spans several sessions and calls: its points, the anchor's re-measures
+    included, must have run one staged vLLM, in the graph mode vLLM's log reported (not PIECEWISE pinned), each
+    speculating strategy but store_all on the compiled op, with dummy weights and synthetic acceptance said so,
+    and code that differs between their commits only outside what is measured (strategies/, harness/engines/)."""
+    import subprocess
+
+    summaries = [json.loads(f.read_text()) for f in sorted(H200_E2E.glob("**/points/*/summary.json"))]
+    assert len(summaries) >= 5 and all(s["status"] == "ok" for s in summaries)
+    commits = set()
+    for s in summaries:
+        t, sv = s["telemetry"], s["telemetry"]["server"]
+        assert s["engine"] == "vllm" and t["vllm_version"] == "0.26.0" and t["device"] == "NVIDIA H200", s["point_id"]
+        assert sv["graph_mode"].startswith("FULL (decode)") and sv["cudagraph_mode_requested"] == "vLLM's default"
+        assert "dummy" in t["weights"]
+        if s["config"]["draft"]:
+            assert t["acceptance"] == "synthetic [0.9, 0.75, 0.59]", s["point_id"]
+        if s["config"]["draft"] and s["config"]["strategy"] != "store_all":
+            assert sv["gdn_commit"].startswith("Triton paged op") and "gluon" in sv["gdn_commit"], s["point_id"]
+        commits.add(s["provenance"]["git_commit"])
+    assert None not in commits and "" not in commits
+    first, *rest = sorted(commits)
+    for other in rest:
+        try:
+            diff = subprocess.run(["git", "diff", "--stat", first, other, "--", "strategies", "harness/engines"],
+                                  cwd=H200_E2E.parents[3], capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            pytest.skip("no git here: the commits cannot be compared")
+        if diff.returncode != 0:
+            pytest.skip(f"this checkout lacks the history of {first[:8]} or {other[:8]}: {diff.stderr[:200]}")
+        assert diff.stdout == "", f"the campaign's points ran different measured code ({first[:8]} vs {other[:8]}):\n{diff.stdout}"
+
+
 def test_only_the_strategies_torch_reference_keeps_vllm_off_full_graphs():
     from harness.engines.vllm.plugin import needs_piecewise
 
