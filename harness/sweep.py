@@ -19,7 +19,7 @@ import strategies
 
 from .anchor import CallLog, anchor_store, boot_id
 from .anchor import pick as pick_anchor
-from .budget import TimeBudget
+from .budget import TimeBudget, process_age_s
 from .config import compose, conf_dir, parse_draft
 from .point import close_engines, point_id, run_point
 from .store import Store
@@ -189,14 +189,16 @@ def run(cfg: DictConfig) -> int:
     budget = None
     if c.get("time_budget_s") is not None:                            # so is the budget (and its clock starts)
         shared = bool(points) and points[0]["engine"]["name"] == "vllm"
-        budget = TimeBudget(c["time_budget_s"], server_key if shared else None, compile_key if shared else None)
+        budget = TimeBudget(c["time_budget_s"], server_key if shared else None, compile_key if shared else None,
+                            spent_s=process_age_s())
         if int(c.get("jobs", 1)) > 1:
             raise ValueError(f"time_budget_s={c['time_budget_s']} with jobs={c.get('jobs')}: the budget decides "
                              "before each point, one at a time; use jobs=1, or time_budget_s=null")
     out = Path(c["out"]) if c.get("out") else default_out(c)
     store = Store(out)
-    store.init({k: v for k, v in c.items() if k not in ("model", "gpu")} | {"model": c["model"]["name"],
-                                                                          "gpu": c["gpu"]["name"]})
+    # time_budget_s belongs to the command, not to the experiment: calls.json records it, sweep.json does not
+    store.init({k: v for k, v in c.items() if k not in ("model", "gpu", "time_budget_s")}
+               | {"model": c["model"]["name"], "gpu": c["gpu"]["name"]})
     todo = []
     for p in points:
         status = store.status(point_id(p))
@@ -217,6 +219,8 @@ def run(cfg: DictConfig) -> int:
     if budget is not None:
         budget_history(budget, store, calls, points)
     call = calls.begin(point_id(anchor) if anchor else None, remeasure) if todo else None
+    if call is not None and budget is not None:
+        call["time_budget_s"] = budget.seconds
     runs = [(anchor, anchor_store(out, call))] if remeasure else []
     runs += [(p, store) for p in todo]
     t0 = time.perf_counter()
@@ -239,7 +243,7 @@ def run(cfg: DictConfig) -> int:
         close_engines()
         if call is not None:
             if stop:     # why this command left points to the next one, for whoever reads the call log
-                call["stopped"] = {"by": "time_budget_s", "budget_s": float(c["time_budget_s"]),
+                call["stopped"] = {"by": "time_budget_s", "budget_s": budget.seconds,
                                    "before": stop["point_id"], "estimate_s": round(stop["estimate_s"], 1),
                                    "left_s": round(stop["left_s"], 1), "points_left": stop["points_left"]}
             calls.end(call)
@@ -268,8 +272,9 @@ def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_
     server (vLLM) points with equal :func:`server_key` run back to back, one start per (gmu, draft, strategy),
     those of the anchor's server first, since the anchor has just started it; then servers with equal
     :func:`compile_key` back to back (those of the anchor's first), so each start after the first of its kind
-    loads vLLM's compiled graphs from the cache (~105 s on the H200 instead of 250-310 s). Otherwise the grid's
-    order: its strategies and drafts as the config lists them, so a campaign cut short has the first ones."""
+    loads vLLM's compiled graphs from the cache (~105 s on the H200 instead of 250-310 s). The kinds after the
+    anchor's, and the servers within a kind, keep the grid's order (its strategies and drafts as the config
+    lists them), so a campaign cut short has the first ones. The simulator keeps the grid's order throughout."""
     out = list(todo)
     if shared_server:
         first = server_key(anchor) if anchor is not None else None
@@ -296,23 +301,28 @@ def server_key(p: dict[str, Any]) -> tuple:
 
 
 def budget_history(budget: TimeBudget, store: Store, calls: CallLog, points: list[dict[str, Any]]) -> None:
-    """What the folder tells the budget: every server start its points and anchors recorded (how long a warm and
-    a cold start take), and which kinds of server this host (same boot) started in earlier commands, whose
-    compiled graphs its caches still hold."""
+    """What the folder tells the budget: the timings of its finished points and anchors, oldest first (how long
+    a warm and a cold server start take; the latest run, for the command's first point), and which kinds of
+    server this host (same boot) started and ran a point on in earlier commands, whose compiled graphs its
+    caches still hold."""
     summaries = list(store.summaries())
     for anchors in sorted((store.root / "anchors").glob("call-*")):
         summaries += list(Store(anchors).summaries())
-    budget.learn(((x.get("telemetry") or {}).get("server") or {}).get("startup_s") for x in summaries)
+    summaries.sort(key=lambda x: (x.get("provenance") or {}).get("time_utc") or "")
+    budget.learn(summaries)
+    ok = {x.get("point_id") for x in summaries if x.get("status") == "ok"}
     boot = boot_id()
     by_id = {point_id(p): p for p in points}
     budget.warm |= {compile_key(by_id[i]) for call in calls.calls if boot and call.get("boot_id") == boot
-                    for i in call.get("points", []) if i in by_id}
+                    for i in call.get("points", []) if i in by_id and i in ok}
 
 
 def _execute(runs: list[tuple[dict[str, Any], Store]], jobs: int, budget: TimeBudget | None = None,
              stop: dict[str, Any] | None = None):
     """Run each (point, store it goes to) pair; yields the summaries as they finish. With a ``budget`` (jobs=1)
     it stops before the first point not expected to fit and says why in ``stop``."""
+    if budget is not None and (jobs > 1 or stop is None):
+        raise ValueError("_execute: a budget needs jobs=1 and a stop dict to say why it stopped")
     if jobs <= 1:
         for i, (p, store) in enumerate(runs):
             if budget is None:
@@ -325,7 +335,7 @@ def _execute(runs: list[tuple[dict[str, Any], Store]], jobs: int, budget: TimeBu
                 return
             t = budget.clock()
             s = run_point(p, store)
-            budget.record(p, budget.clock() - t, ((s.get("telemetry") or {}).get("server") or {}).get("startup_s"))
+            budget.record(p, budget.clock() - t, s)
             yield s
         return
     from joblib import Parallel, delayed

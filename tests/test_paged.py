@@ -458,11 +458,14 @@ def test_every_point_of_the_h200_campaign_ran_the_same_measured_code_in_vllm_s_d
     """Issue 16's end-to-end campaign spans several sessions and calls: its points, the anchor's re-measures
     included, must have run one staged vLLM, in the graph mode vLLM's log reported (not PIECEWISE pinned), each
     speculating strategy but store_all on the compiled op, with dummy weights and synthetic acceptance said so,
-    and code that differs between their commits only outside what is measured (strategies/, harness/engines/)."""
+    and code that differs between their commits only outside what is measured (strategies/, harness/engines/,
+    workloads/, conf/)."""
     import subprocess
 
     summaries = [json.loads(f.read_text()) for f in sorted(H200_E2E.glob("**/points/*/summary.json"))]
-    assert len(summaries) >= 5 and all(s["status"] == "ok" for s in summaries)
+    assert all(s["status"] == "ok" or s.get("reason") for s in summaries)   # a failure says why
+    summaries = [s for s in summaries if s["status"] == "ok"]
+    assert len(summaries) >= 5
     commits = set()
     for s in summaries:
         t, sv = s["telemetry"], s["telemetry"]["server"]
@@ -478,7 +481,8 @@ def test_every_point_of_the_h200_campaign_ran_the_same_measured_code_in_vllm_s_d
     first, *rest = sorted(commits)
     for other in rest:
         try:
-            diff = subprocess.run(["git", "diff", "--stat", first, other, "--", "strategies", "harness/engines"],
+            diff = subprocess.run(["git", "diff", "--stat", first, other, "--", "strategies", "harness/engines",
+                                   "workloads", "conf"],
                                   cwd=H200_E2E.parents[3], capture_output=True, text=True, timeout=60)
         except FileNotFoundError:
             pytest.skip("no git here: the commits cannot be compared")

@@ -138,9 +138,10 @@ def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_
 
 def test_a_time_budget_stops_before_a_point_it_expects_to_overrun_and_the_next_command_resumes(tmp_path):
     """A lent host kills a call at its limit, and with it the point running (on vLLM also the server start it
-    paid for). time_budget_s stops cleanly instead: the first point always runs (nothing is known yet), each
-    later one only if this command's history says it fits; the call log says why it stopped, and the same
-    command without the budget finishes the grid."""
+    paid for). time_budget_s stops cleanly instead: a new folder's first point runs (nothing is timed yet), each
+    later one, and a resumed command's first, only if the timings say it fits; the call log says why it
+    stopped and under which budget (sweep.json does not: it describes the experiment, not the call), and the
+    same command with time enough finishes the grid."""
     args = ("sweep", *QUICK, f"out={tmp_path / 's'}", "report=false")
     out = harness(*args, "time_budget_s=0.001")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -150,17 +151,27 @@ def test_a_time_budget_stops_before_a_point_it_expects_to_overrun_and_the_next_c
     call = json.loads((tmp_path / "s" / "calls.json").read_text())[0]
     assert len(call["points"]) == 1 and call["stopped"]["by"] == "time_budget_s"
     assert call["stopped"]["points_left"] == 3 and call["stopped"]["before"] not in call["points"]
+    assert call["time_budget_s"] == 0.001
+    assert "time_budget_s" not in json.loads((tmp_path / "s" / "sweep.json").read_text())
+    again = harness(*args, "time_budget_s=0.001")             # the folder's timings now say: nothing fits
+    assert again.returncode == 0 and "ran 0 points" in " ".join(again.stdout.split())
+    assert len(list(Store(tmp_path / "s").summaries())) == 1
     rest = harness(*args, "time_budget_s=3600")
     assert rest.returncode == 0 and "1 already in" in rest.stdout and "3 to run" in rest.stdout
     assert "stopped before" not in rest.stdout and len(list(Store(tmp_path / "s").summaries())) == 4
-    assert "stopped" not in json.loads((tmp_path / "s" / "calls.json").read_text())[1]
-    for bad, why in (("time_budget_s=-5", "must be a number of seconds > 0"),
-                     ("time_budget_s=abc", "must be a number of seconds > 0")):
+    assert "stopped" not in json.loads((tmp_path / "s" / "calls.json").read_text())[-1]
+    for bad in ("time_budget_s=-5", "time_budget_s=abc", "time_budget_s=0", "time_budget_s=nan",
+                "time_budget_s=true", "time_budget_s='600'"):
+        why = "must be a finite number of seconds > 0"
         r = harness("sweep", *QUICK, f"out={tmp_path / 'bad'}", bad, timeout=120)
         assert r.returncode == 2 and bad.split("=")[0] in r.stderr and why in r.stderr, r.stderr[-2000:]
         assert not (tmp_path / "bad").exists()                  # refused before the folder is touched
     r = harness("sweep", *QUICK, f"out={tmp_path / 'par'}", "time_budget_s=60", "jobs=2", timeout=120)
     assert r.returncode == 2 and "use jobs=1, or time_budget_s=null" in r.stderr
+
+
+def _ok(startup_s=None, status="ok"):
+    return {"status": status, "telemetry": {"server": {"startup_s": startup_s}} if startup_s else {}}
 
 
 def test_the_budget_expects_a_server_start_only_where_a_point_opens_a_server():
@@ -170,51 +181,71 @@ def test_the_budget_expects_a_server_start_only_where_a_point_opens_a_server():
 
     now = [0.0]
     b = TimeBudget(600, key=lambda p: (p["strategy"], p["gmu"]), warm_key=lambda p: p["strategy"],
-                   past_starts=[280.0, None], warm={"replay"}, clock=lambda: now[0])
+                   warm={"replay"}, clock=lambda: now[0])
+    b.start_times.append(280.0)                              # a cold start the folder has seen
     sa9_128, sa9_256 = ({"strategy": "store_all", "gmu": 0.9, "requests": n} for n in (256, 512))
     sa6, tw6, rp6 = ({"strategy": s, "gmu": 0.6, "requests": 256} for s in ("store_all", "treewy", "replay"))
-    assert b.fits(sa9_128) == (True, None)                   # nothing known: it runs
-    b.record(sa9_128, 140.0, startup_s=110.0); now[0] = 140.0
+    assert b.fits(sa9_128) == (True, None)                   # nothing timed yet: it runs
+    b.record(sa9_128, 140.0, _ok(110.0)); now[0] = 140.0
     assert b.estimate(sa9_256) == pytest.approx(MARGIN * 60.0)   # 30 s run x 512/256 requests, no start
-    b.record(sa9_256, 50.0, startup_s=110.0); now[0] = 190.0     # the server's start, not this point's
+    b.record(sa9_256, 50.0, _ok(110.0)); now[0] = 190.0          # the server's start, not this point's
     assert b.estimate(sa6) == pytest.approx(MARGIN * (110.0 + 25.0))   # compiled in this command: warm
     assert b.estimate(rp6) == pytest.approx(MARGIN * (110.0 + 25.0))   # compiled by an earlier command here
     assert b.estimate(tw6) == pytest.approx(MARGIN * (280.0 + 25.0))   # never: the longest start seen
     assert b.fits(tw6)[0]                                     # 410 s left
     now[0] = 400.0
     assert b.fits(sa6)[0] and not b.fits(tw6)[0]              # 200 s left
+    # a failed point teaches no run time, and its server may be gone: the next point expects a start
+    b.record(sa6, 0.5, _ok(status="failed"))
+    assert b.last_run == (50.0, 512)                          # still the c256 point before it
+    assert b.opens_server(sa6) and "treewy" not in b.warm
     sim = TimeBudget(10, clock=lambda: 0.0)
-    sim.record({"requests": 100}, 3.0)
+    sim.record({"requests": 100}, 3.0, _ok())
     assert sim.estimate({"requests": 200}) == pytest.approx(MARGIN * 6.0) and not sim.opens_server({})
+    fresh = TimeBudget(600, key=lambda p: p["gmu"], clock=lambda: 0.0)
+    fresh.record({"gmu": 0.9, "requests": 256}, 0.4, _ok(status="failed"))   # no start, no run known
+    assert fresh.estimate({"gmu": 0.6}) is None
+    fresh.record({"gmu": 0.9, "requests": 256}, 300.0, _ok())    # a server whose start the summary lacks
+    assert fresh.estimate({"gmu": 0.6, "requests": 256}) == pytest.approx(MARGIN * 300.0)
 
 
-def test_the_budget_learns_start_times_from_the_folder_and_warm_servers_only_from_this_boot(tmp_path):
+def test_the_budget_learns_start_times_and_the_latest_run_from_the_folder_and_warm_servers_from_this_boot(tmp_path):
     from harness.anchor import CallLog, boot_id
-    from harness.budget import TimeBudget
+    from harness.budget import MARGIN, TimeBudget
     from harness.point import point_id
     from harness.sweep import budget_history, compile_key, server_key
 
     if boot_id() is None:
         pytest.skip("no /proc/sys/kernel/random/boot_id here (not Linux): the budget cannot tell boots apart")
+
     def pt(strategy, gmu):
         return {"workload_name": "sharegpt", "gmu": gmu, "load": {"kind": "closed", "concurrency": 128},
-                "draft": "chain:3", "strategy": strategy, "max_num_seqs": 256, "max_model_len": 4096}
+                "draft": "chain:3", "strategy": strategy, "max_num_seqs": 256, "max_model_len": 4096,
+                "requests": 256}
 
     points = [pt(s, g) for s in ("store_all", "treewy", "replay") for g in (0.6, 0.9)]
     ids = [point_id(p) for p in points]
     root = tmp_path / "s"
-    for store, pid, start in ((Store(root), ids[0], 290.0), (Store(root / "anchors" / "call-02"), ids[1], 104.0)):
+    rows = ((Store(root), ids[0], 290.0, 320.0, "ok", "t1"),                       # a cold start + a 20 s level
+            (Store(root / "anchors" / "call-02"), ids[1], 104.0, 130.0, "ok", "t2"),
+            (Store(root), ids[2], None, 3.0, "failed", "t3"))
+    for store, pid, start, wall, status, t in rows:
         d = store.root / "points" / pid
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"point_id": pid, "status": "ok",
-                                                    "telemetry": {"server": {"startup_s": start}}}))
+        (d / "summary.json").write_text(json.dumps({
+            "point_id": pid, "status": status, "wall_s": wall, "config": {"requests": 256},
+            "provenance": {"time_utc": t}, "metrics": {"duration_s": 20.0} if status == "ok" else None,
+            "telemetry": {"server": {"startup_s": start}, "warmup": {"seconds": 2.0}} if start else {}}))
     (root / "calls.json").write_text(json.dumps([
-        {"call": 1, "boot_id": boot_id(), "points": [ids[0], ids[1]]},
-        {"call": 2, "boot_id": "another-host", "points": [ids[2]]}]))
+        {"call": 1, "boot_id": boot_id(), "points": [ids[0], ids[1], ids[2]]},
+        {"call": 2, "boot_id": "another-host", "points": [ids[4]]}]))
     b = TimeBudget(600, server_key, compile_key, clock=lambda: 0.0)
     budget_history(b, Store(root), CallLog(root), points)
     assert sorted(b.start_times) == [104.0, 290.0]
-    assert b.warm == {compile_key(points[0])} and compile_key(points[2]) not in b.warm
+    assert b.last_run == (27.0, 256)                         # the latest ok point: its level + warm-up + 5 s
+    # the failed point's kind and the other boot's are not warm
+    assert b.warm == {compile_key(points[0])}
+    assert b.estimate(points[0]) == pytest.approx(MARGIN * (104.0 + 27.0))   # the first point is estimated too
 
 
 def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_touches_nothing(tmp_path):

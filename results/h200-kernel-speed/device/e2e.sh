@@ -9,22 +9,28 @@ set -u
 CALL=$1; shift
 T0=${CALL_T0:-$(date +%s)}
 LIMIT=${CALL_LIMIT:-600}           # the host's per-call limit, s
+case "$T0$LIMIT" in *[!0-9]*) echo "e2e.sh: CALL_T0=$T0 and CALL_LIMIT=$LIMIT must be whole seconds" >&2; exit 2;; esac
 source results/h200-kernel-speed/device/env.sh
-D=/tmp/e2e-$CALL
+D="/tmp/e2e-$CALL"
 # a fresh host resumes the campaign from its committed folder (results/h200-kernel-speed/e2e/CALL), if any
-if [ ! -d $D ] && [ -d results/h200-kernel-speed/e2e/$CALL ]; then
-  cp -r results/h200-kernel-speed/e2e/$CALL $D && echo "resuming from results/h200-kernel-speed/e2e/$CALL"
+if [ ! -d "$D" ] && [ -d "results/h200-kernel-speed/e2e/$CALL" ]; then
+  cp -r "results/h200-kernel-speed/e2e/$CALL" "$D" && echo "resuming from results/h200-kernel-speed/e2e/$CALL"
 fi
 # vLLM's and Triton's compile caches from an earlier session, if one was brought back (a server start is then
 # ~100 s instead of ~250 s; the caches change what a start compiles, not what a run measures)
 [ -f .devcache/compile-cache.tgz ] && tar xzf .devcache/compile-cache.tgz -C ~ && echo "compile caches restored"
-# leave ~60 s for the analysis, the report, stopping the server and the tar
+# leave ~60 s for the analysis, the report, stopping the server and the tar; under 120 s no point fits
 BUDGET=$(( LIMIT - 60 - ($(date +%s) - T0) ))
-timeout $(( BUDGET + 35 )) python3 -m harness sweep sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl \
-   time_budget_s=$BUDGET "$@" out=$D > $OUT/sweep-$CALL.log 2>&1
+if [ "$BUDGET" -lt 120 ]; then
+  echo "only $BUDGET s of the call left: sweep skipped" | tee "$OUT/sweep-$CALL.log"
+  (exit 0)
+else
+  timeout $(( BUDGET + 35 )) python3 -m harness sweep sweep=h200_kernel_speed \
+     replay.sharegpt=.devdata/sharegpt.jsonl time_budget_s=$BUDGET "$@" "out=$D" > "$OUT/sweep-$CALL.log" 2>&1
+fi
 rc=$?
-echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (budget ${BUDGET} s)"; tail -15 $OUT/sweep-$CALL.log
-tar czf $OUT/e2e-$CALL.tgz -C /tmp e2e-$CALL
+echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (budget ${BUDGET} s)"; tail -15 "$OUT/sweep-$CALL.log"
+[ -d "$D" ] && tar czf "$OUT/e2e-$CALL.tgz" -C /tmp "e2e-$CALL"
 # the compile caches, for the next session's calls (carry .devcache): only if they fit one transfer
 sz=$(du -smc ~/.cache/vllm ~/.triton/cache 2>/dev/null | tail -1 | cut -f1); echo "compile caches: ${sz:-?} MiB"
 if [ "${sz:-999}" -lt 50 ]; then tar czf $OUT/compile-cache.tgz -C ~ .cache/vllm .triton/cache 2>/dev/null; fi
