@@ -33,6 +33,11 @@ MARGIN = 1.2     # x the estimate: one point's time varied by up to 18% between 
 RUN_OVERHEAD_S = 5.0   # s, a stored point's run beyond its level and warm-up (metrics scrapes, storing it)
 
 
+def _startup_s(summary: dict[str, Any]) -> float:
+    """The server start (s) a stored point's telemetry names; 0 where it names none (the simulator)."""
+    return float(((summary.get("telemetry") or {}).get("server") or {}).get("startup_s") or 0.0)
+
+
 def process_age_s() -> float:
     """Seconds since this process started (Linux's /proc), 0 where that cannot be read."""
     try:
@@ -76,7 +81,7 @@ class TimeBudget:
         for s in summaries:
             if s.get("status") != "ok":
                 continue
-            start = float(((s.get("telemetry") or {}).get("server") or {}).get("startup_s") or 0.0)
+            start = _startup_s(s)
             if start:
                 self.start_times.append(start)
             wall = s.get("wall_s")
@@ -122,8 +127,7 @@ class TimeBudget:
         if summary.get("status") != "ok":
             self.last_key = self.no_server       # its server may be gone: the next point may start one
             return
-        startup_s = ((summary.get("telemetry") or {}).get("server") or {}).get("startup_s")
-        start = float(startup_s or 0.0) if self.opens_server(p) else 0.0
+        start = _startup_s(summary) if self.opens_server(p) else 0.0
         if start:
             self.start_times.append(start)
         self.last_run = (max(wall_s - start, 0.0), max(int(p.get("requests") or 1), 1))

@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import workloads
@@ -85,12 +86,13 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
 
     ecfg = cfg["engine"]
     key = json.dumps(ecfg, sort_keys=True, default=str)
+    # A server the engine starts next logs beside the point it starts for (an anchor measured again runs into
+    # anchors/call-NN/, the grid's points after it into the grid's folder)
+    log_dir = ecfg.get("log_dir") or (store.root / "engine-logs" if store is not None else None)
     if key in _ENGINES:
         engine = _ENGINES[key]
-        # A server this engine starts next logs beside the point it starts for (an anchor measured again runs
-        # into anchors/call-NN/, the grid's points after it into the grid's folder)
-        if ecfg.get("name") == "vllm" and not ecfg.get("log_dir") and store is not None:
-            engine.log_dir = store.root / "engine-logs"
+        if ecfg.get("name") == "vllm" and log_dir is not None:
+            engine.log_dir = Path(log_dir)
         return engine
     name = ecfg["name"]
     if name == "sim":
@@ -100,7 +102,6 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
     elif name == "vllm":
         from .engines.vllm.engine import VLLMEngine
 
-        log_dir = ecfg.get("log_dir") or (store.root / "engine-logs" if store is not None else None)
         engine = VLLMEngine(ecfg, log_dir=log_dir)
     else:
         raise ValueError(f"engine={name}: unknown; choose sim, vllm or auto (conf/engine/)")

@@ -186,9 +186,10 @@ def run(cfg: DictConfig) -> int:
                          f"{_as_list(c.get('strategy'))} (it decides which points are memory-bound)")
     points = point_configs(c)
     anchor = pick_anchor(points, c.get("anchor"), c["baseline"])    # before the folder is touched
+    engine_name = points[0]["engine"]["name"] if points else "-"
     budget = None
     if c.get("time_budget_s") is not None:                            # so is the budget (and its clock starts)
-        shared = bool(points) and points[0]["engine"]["name"] == "vllm"
+        shared = engine_name == "vllm"
         budget = TimeBudget(c["time_budget_s"], server_key if shared else None, compile_key if shared else None,
                             spent_s=process_age_s())
         if int(c.get("jobs", 1)) > 1:
@@ -205,7 +206,6 @@ def run(cfg: DictConfig) -> int:
         if status == "ok" or (status == "failed" and not c.get("retry_failed", True)):
             continue
         todo.append(p)
-    engine_name = points[0]["engine"]["name"] if points else "-"
     if engine_name == "vllm":
         if int(c.get("jobs", 1)) > 1:
             raise ValueError(f"jobs={c.get('jobs')}: engine=vllm points share one server and GPU; use jobs=1")

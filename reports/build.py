@@ -203,28 +203,29 @@ def _anchor_html(result: dict[str, Any]) -> str:
     if not rows:
         return ""
     e = html.escape
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
     others = result["anchor"].get("other_points") or []
     note = (f" anchors/ also holds {', '.join(others)}, re-measured while another anchor was set; not counted."
             if others else "")
     return (f"<h2>Drift between sweep commands</h2><p>{e(anchor_line(result['anchor']))}. The anchor point runs "
             "first in every command of the campaign; from the second on it is measured again (anchors/ in the "
-            f"result folder), and the grid keeps its first measurement.{e(note)}</p>"
-            f"<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in ANCHOR_HEAD)}</tr></thead><tbody>{body}"
+            f"result folder), and the grid keeps its first measurement.{e(note)}</p>" + _html_table(ANCHOR_HEAD, rows))
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    """A plain table of escaped cells (the HTML twin of the PDF's :func:`_table_page`)."""
+    e = html.escape
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return (f"<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in head)}</tr></thead><tbody>{body}"
             "</tbody></table>")
 
 
 def _no_spec_html(result: dict[str, Any]) -> str:
-    e = html.escape
     rows = ratio_rows(result, "vs_no_spec")
     if not rows:
         return ""
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
     return ("<h2>Ratios to speculation off</h2><p>Each strategy under speculation, store_all included, against "
             "the same (workload, gmu, load) with speculation off (draft=none), split by the speculative group's "
-            "regime: whether to speculate at all.</p>"
-            f"<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead><tbody>{body}"
-            "</tbody></table>")
+            "regime: whether to speculate at all.</p>" + _html_table(RATIO_HEAD, rows))
 
 
 # -- PDF -------------------------------------------------------------------------------
@@ -272,13 +273,13 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
         fig.text(0.05, 0.12, f"provenance: {json.dumps({k: prov.get(k) for k in keys})}", fontsize=7)
         pdf.savefig(fig)
         plt.close(fig)
-        if ratio_rows(result, "vs_no_spec"):
-            _table_page(pdf, f"Ratios to speculation off (draft=none) — engine: {result['engine']}",
-                        ratio_rows(result, "vs_no_spec"), RATIO_HEAD)
-        if anchor_rows(result):
+        if no_spec := ratio_rows(result, "vs_no_spec"):
+            _table_page(pdf, f"Ratios to speculation off (draft=none) — engine: {result['engine']}", no_spec,
+                        RATIO_HEAD)
+        if drift_rows := anchor_rows(result):
             from analysis.sweep import anchor_line
 
-            _table_page(pdf, f"Drift between sweep commands — engine: {result['engine']}", anchor_rows(result),
+            _table_page(pdf, f"Drift between sweep commands — engine: {result['engine']}", drift_rows,
                         ANCHOR_HEAD, note=anchor_line(result["anchor"]))
         for _, f in figs:
             pdf.savefig(f)
