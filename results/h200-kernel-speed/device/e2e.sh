@@ -16,9 +16,10 @@ D="/tmp/e2e-$CALL"
 if [ ! -d "$D" ] && [ -d "results/h200-kernel-speed/e2e/$CALL" ]; then
   cp -r "results/h200-kernel-speed/e2e/$CALL" "$D" && echo "resuming from results/h200-kernel-speed/e2e/$CALL"
 fi
-# vLLM's and Triton's compile caches from an earlier session, if one was brought back (a server start is then
-# ~100 s instead of ~250 s; the caches change what a start compiles, not what a run measures)
-[ -f .devcache/compile-cache.tgz ] && tar xzf .devcache/compile-cache.tgz -C ~ && echo "compile caches restored"
+# vLLM's compile caches from an earlier host, if their parts were carried here (cache.sh: a server start is then
+# ~100 s instead of 300-370 s; the caches change what a start compiles, not what a run measures)
+[ -d .devcache ] && bash results/h200-kernel-speed/device/cache.sh stash
+bash results/h200-kernel-speed/device/cache.sh restore
 # leave ~60 s for the analysis, the report, stopping the server and the tar; under 120 s no point fits
 BUDGET=$(( LIMIT - 60 - ($(date +%s) - T0) ))
 if [ "$BUDGET" -lt 120 ]; then
@@ -31,7 +32,10 @@ fi
 rc=$?
 echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (budget ${BUDGET} s)"; tail -15 "$OUT/sweep-$CALL.log"
 [ -d "$D" ] && tar czf "$OUT/e2e-$CALL.tgz" -C /tmp "e2e-$CALL"
-# the compile caches, for the next session's calls (carry .devcache): only if they fit one transfer
+# the compile caches, for later hosts: where a strategy compiled in this call, packed into parts, the first
+# brought back beside the results (cache.sh collect files_at here; `cache.sh out NN` calls bring the rest).
+# Bounded by the call's time left, so the results above always come back
 sz=$(du -smc ~/.cache/vllm ~/.triton/cache 2>/dev/null | tail -1 | cut -f1); echo "compile caches: ${sz:-?} MiB"
-if [ "${sz:-999}" -lt 50 ]; then tar czf $OUT/compile-cache.tgz -C ~ .cache/vllm .triton/cache 2>/dev/null; fi
+left=$(( LIMIT - 15 - ($(date +%s) - T0) ))
+if [ "$left" -gt 10 ]; then timeout $left bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"
