@@ -3,7 +3,10 @@
 ``python -m harness analyze DIR`` writes ``DIR/analysis.json`` and prints the summary. A
 (workload, gmu, load, draft) group is memory-bound when its *baseline* point's pool was exhausted
 (see analysis.regimes); every other strategy's point in the group is compared with the baseline.
-With a sweep ``anchor``, :func:`drift` lists its measurements over the sweep's commands (harness.anchor).
+With a sweep ``anchor``, :func:`drift` lists its measurements over the sweep's commands (harness.anchor), and
+:func:`side_by_side` puts each point beside its baseline with the command each ran in: where they ran in
+different commands, the ratio carries the drift between them, and the anchor's measurement in each command gives
+a drift-adjusted ratio beside the measured one.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
                    "groups": len(classified), "memory_bound": n_bound, "label": f"{n_bound}/{len(classified)}"},
         "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,
         "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
-        "anchor": drift(store),
+        "anchor": (anchor := drift(store)),
+        "side_by_side": side_by_side(groups, base, store, anchor),
     }
     Path(store.root / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     return result
@@ -146,6 +150,52 @@ def drift(store) -> dict[str, Any] | None:
     return {"point_id": anchor, "measurements": rows, "spread": spread, "calls": len(calls), "other_points": others}
 
 
+def measured_in(store, point: str) -> int | None:
+    """The sweep command whose measurement of ``point`` the grid keeps: the last one that ran it as a grid point
+    (an anchor measured again goes to anchors/, not the grid). None: not in the call log (before it existed)."""
+    last = None
+    for c in CallLog.read(store.root):
+        if point in c["points"] and not (c.get("anchor_remeasured") and point == c.get("anchor")):
+            last = c["call"]
+    return last
+
+
+def side_by_side(groups: dict[tuple, dict[str, dict]], base: str, store, anchor: dict[str, Any] | None
+                 ) -> list[dict[str, Any]]:
+    """Each strategy's point, and speculation off at the same (workload, gmu, load), beside the baseline's point
+    of its group, with the sweep command each was measured in; empty without an anchor (one command: every
+    ratio is side by side). ``adjusted`` divides each point's output throughput by the anchor's in its own
+    command before the ratio: equal to the measured ratio where both ran in one command, and None where a
+    command has no good anchor measurement. It assumes that the drift scales
+    every point of a command alike, which nothing here checks: it is shown beside the measured ratio, never in
+    place of it."""
+    if not anchor:
+        return []
+    by_call = {m["call"]: m["output_throughput"] for m in anchor["measurements"]
+               if m["status"] == "ok" and m.get("output_throughput")}
+    off = {k[:4]: next(iter(by.values())) for k, by in groups.items() if k[4] == NO_SPEC and by}
+    rows = []
+    for key, by in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if key[4] == NO_SPEC or base not in by:
+            continue
+        b = by[base]
+        others = [r for s, r in sorted(by.items()) if s != base] + ([off[key[:4]]] if key[:4] in off else [])
+        for r in others:
+            call, base_call = measured_in(store, r["point_id"]), measured_in(store, b["point_id"])
+            raw = ratio(r, b, "throughput")
+            adj = None
+            if raw is not None and call in by_call and base_call in by_call:
+                adj = raw * by_call[base_call] / by_call[call]
+            rows.append({"workload": key[0], "gmu": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
+                         "series": r["series"], "point_id": r["point_id"], "baseline_point": b["point_id"],
+                         "call": call, "baseline_call": base_call, "same_call": call is not None and call == base_call,
+                         "output_throughput": r.get("output_throughput"),
+                         "baseline_output_throughput": b.get("output_throughput"),
+                         "throughput_ratio": raw, "adjusted_throughput_ratio": adj,
+                         "p99_ttft_ratio": ratio(r, b, "p99_ttft")})
+    return rows
+
+
 def print_summary(result: dict[str, Any], console, report: Path | None = None) -> None:
     from harness.console import table as make_table
 
@@ -161,6 +211,13 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
         for s, regimes in ratios.items():
             for regime, row in regimes.items():
                 t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
+        console.print(t)
+    if pairs := result.get("side_by_side"):
+        t = make_table(f"each point beside {result['baseline']} at its settings (throughput x; p99 TTFT x lower; "
+                       "adjusted: each point scaled by its command's anchor measurement)",
+                       ["point", "vs call", "throughput", "adjusted", "p99 TTFT"], left=1)
+        for row in pairs:
+            t.add_row(*side_by_side_cells(row))
         console.print(t)
     a = result.get("anchor")
     if a:
@@ -185,6 +242,14 @@ def anchor_line(a: dict[str, Any]) -> str:
             f"{min(tput):.0f}-{max(tput):.0f} tok/s"
             + (f" (spread {spread:.1%}: ratios between points of different commands carry it)" if spread is not None
                else " (one measurement: no drift to show yet)"))
+
+
+def side_by_side_cells(row: dict[str, Any]) -> list[str]:
+    """A side-by-side row as text (the console's, the report's): point, calls, ratios."""
+    num = lambda v: "-" if v is None else f"{v:.2f}"
+    calls = f"{row['call'] or '-'} vs {row['baseline_call'] or '-'}" + (" (same)" if row["same_call"] else "")
+    return [row["point_id"], calls, num(row["throughput_ratio"]), num(row["adjusted_throughput_ratio"]),
+            num(row["p99_ttft_ratio"])]
 
 
 def _fmt(g: dict) -> str:

@@ -153,6 +153,7 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 <p>The TreeWY paper's figures for treewy vs store_all in memory-bound points (B200, measured):</p><ul>{paper}</ul>
 {_no_spec_html(result)}
 {_anchor_html(result)}
+{_side_html(result)}
 <h2>Figures</h2>{figs_html}
 <h2>Points</h2><p>Click a column header to sort.</p>
 <div class="scroll"><table id="points"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
@@ -209,6 +210,28 @@ def _anchor_html(result: dict[str, Any]) -> str:
     return (f"<h2>Drift between sweep commands</h2><p>{e(anchor_line(result['anchor']))}. The anchor point runs "
             "first in every command of the campaign; from the second on it is measured again (anchors/ in the "
             f"result folder), and the grid keeps its first measurement.{e(note)}</p>" + _html_table(ANCHOR_HEAD, rows))
+
+
+SIDE_HEAD = ["point", "its call vs the baseline's", "throughput (x)", "adjusted (x)", "p99 TTFT (x lower)"]
+SIDE_NOTE = ("Each point beside the baseline's at the same workload, gmu and load, with the sweep command each "
+             "ran in. Where they differ, the measured ratio carries the drift between the two commands; "
+             "'adjusted' divides each point's throughput by the anchor's in its own command first, which assumes "
+             "that the drift scales every point of a command alike (not checked). The measured ratio is the result.")
+
+
+def side_rows(result: dict[str, Any]) -> list[list[str]]:
+    """The side-by-side table's rows (empty without an anchor)."""
+    from analysis.sweep import side_by_side_cells
+
+    return [side_by_side_cells(r) for r in result.get("side_by_side") or []]
+
+
+def _side_html(result: dict[str, Any]) -> str:
+    rows = side_rows(result)
+    if not rows:
+        return ""
+    return (f"<h2>Each point beside {html.escape(result['baseline'])}</h2><p>{html.escape(SIDE_NOTE)}</p>"
+            + _html_table(SIDE_HEAD, rows))
 
 
 def _html_table(head: list[str], rows: list[list[str]]) -> str:
@@ -281,6 +304,9 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
 
             _table_page(pdf, f"Drift between sweep commands — engine: {result['engine']}", drift_rows,
                         ANCHOR_HEAD, note=anchor_line(result["anchor"]))
+        if pairs := side_rows(result):
+            _table_page(pdf, f"Each point beside {result['baseline']} — engine: {result['engine']}", pairs,
+                        SIDE_HEAD, note=SIDE_NOTE)
         for _, f in figs:
             pdf.savefig(f)
         pts = sorted(result["points"], key=lambda p: (p["workload"], p["gmu"], p["load"], p["strategy"]))

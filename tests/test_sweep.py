@@ -115,6 +115,10 @@ def test_the_anchor_runs_first_in_every_command_and_is_measured_again_when_a_cam
     assert [(m["call"], m["what"]) for m in a["measurements"]] == [(1, "grid point"), (2, "re-measured")]
     assert a["spread"]["output_throughput"] is not None
     assert "Drift between sweep commands" in (tmp_path / "s" / "report.html").read_text()
+    # the second command's points beside the baseline's of the first: listed with both calls
+    pairs = json.loads((tmp_path / "s" / "analysis.json").read_text())["side_by_side"]
+    assert pairs and {(r["call"], r["baseline_call"]) for r in pairs} >= {(2, 2), (1, 1)}
+    assert "Each point beside store_all" in (tmp_path / "s" / "report.html").read_text()
 
 
 def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_server_at_a_time():
@@ -291,6 +295,51 @@ def test_drift_counts_only_the_anchor_s_own_measurements_and_credits_the_grid_co
     (root / "calls.json").write_text('{"call": 1}')
     with pytest.raises(ValueError, match="calls.json: not a list of calls.*move it aside"):
         CallLog(root)
+
+
+def test_side_by_side_names_each_pair_s_calls_and_adjusts_only_across_calls_by_each_call_s_anchor(tmp_path):
+    """A campaign's ratios between points of different calls carry the drift between those calls: each pair is
+    listed with both calls, and the adjusted ratio divides each point by its own call's anchor measurement."""
+    from analysis.sweep import drift, side_by_side
+
+    root = tmp_path / "s"
+    store = Store(root)
+    store.init({"anchor": "A"})
+    store.write("A", _summary(tput=100.0), None)
+    Store(root / "anchors" / "call-02").write("A", _summary(tput=80.0), None)
+    Store(root / "anchors" / "call-03").write("A", _summary(tput=120.0), None)
+    (root / "calls.json").write_text(json.dumps([
+        {"call": 1, "anchor": "A", "points": ["A", "T9"], "anchor_remeasured": False},
+        {"call": 2, "anchor": "A", "points": ["A", "B6", "N6"], "anchor_remeasured": True},
+        {"call": 3, "anchor": "A", "points": ["A", "T6"], "anchor_remeasured": True}]))
+
+    def row(pid, strategy, tput, ttft, series=None):
+        return {"point_id": pid, "strategy": strategy, "series": series or strategy, "output_throughput": tput,
+                "ttft_p99": ttft}
+
+    groups = {("w", 0.9, "concurrency", 128.0, "chain:3"): {"store_all": row("A", "store_all", 100.0, 1.0),
+                                                            "treewy": row("T9", "treewy", 97.0, 0.8)},
+              ("w", 0.6, "concurrency", 128.0, "chain:3"): {"store_all": row("B6", "store_all", 50.0, 4.0),
+                                                            "treewy": row("T6", "treewy", 90.0, 2.0)},
+              ("w", 0.6, "concurrency", 128.0, "none"): {"store_all": row("N6", "store_all", 40.0, 0.5, "no_spec")}}
+    pairs = {r["point_id"]: r for r in side_by_side(groups, "store_all", store, drift(store))}
+    assert set(pairs) == {"T9", "T6", "N6"}
+    t9, t6, n6 = pairs["T9"], pairs["T6"], pairs["N6"]
+    # the anchor's own grid copy is call 1's (calls 2 and 3 measured it again into anchors/)
+    assert (t9["call"], t9["baseline_call"], t9["same_call"]) == (1, 1, True)
+    assert t9["throughput_ratio"] == pytest.approx(0.97) and t9["adjusted_throughput_ratio"] == pytest.approx(0.97)
+    assert (t6["call"], t6["baseline_call"], t6["same_call"]) == (3, 2, False)
+    assert t6["throughput_ratio"] == pytest.approx(1.8)
+    assert t6["adjusted_throughput_ratio"] == pytest.approx(1.8 * 80.0 / 120.0)    # call 3 ran 1.5x call 2
+    assert t6["p99_ttft_ratio"] == pytest.approx(2.0)
+    assert n6["series"] == "no_spec" and n6["baseline_point"] == "B6" and n6["same_call"]
+    assert n6["adjusted_throughput_ratio"] == pytest.approx(0.8)
+    # a call without a good anchor measurement gives no adjusted ratio; no anchor at all, no table
+    shutil.rmtree(root / "anchors" / "call-03")
+    Store(root / "anchors" / "call-03").write("A", _summary(status="failed", reason="boom"), None)
+    t6 = {r["point_id"]: r for r in side_by_side(groups, "store_all", store, drift(store))}["T6"]
+    assert t6["adjusted_throughput_ratio"] is None and t6["throughput_ratio"] == pytest.approx(1.8)
+    assert side_by_side(groups, "store_all", store, None) == []
 
 
 def test_an_anchor_that_only_failed_says_why():
