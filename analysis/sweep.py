@@ -184,7 +184,8 @@ def side_by_side(groups: dict[tuple, dict[str, dict]], base: str, store, anchor:
             call, base_call = measured_in(store, r["point_id"]), measured_in(store, b["point_id"])
             raw = ratio(r, b, "throughput")
             adj = None
-            if raw is not None and call in by_call and base_call in by_call:
+            # a point outside the call log (before it existed) has no call to take an anchor from
+            if raw is not None and None not in (call, base_call) and call in by_call and base_call in by_call:
                 adj = raw * by_call[base_call] / by_call[call]
             rows.append({"workload": key[0], "gmu": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
                          "series": r["series"], "point_id": r["point_id"], "baseline_point": b["point_id"],

@@ -1,10 +1,12 @@
 """The compile-cache carrier between GPU hosts (results/h200-kernel-speed/device/cache.sh), run here on fake
-caches: packed into parts, brought back over several calls' $OUT, collected into the checkout's part folders,
-stashed and restored on a "fresh host" (another HOME) byte for byte; a corrupt or missing part is refused, not
-unpacked, and a newer pack replaces the parts of an older one."""
+caches: a snapshot cut into parts, brought back over several calls within what a call may return, collected
+into the checkout's part folders, stashed and restored on a "fresh host" (another HOME and /tmp) byte for byte;
+a corrupt or missing part is refused, not unpacked; a newer snapshot replaces an older one only once all its
+parts are here; a restored host sends nothing back until it compiles something new."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -14,90 +16,122 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "results" / "h200-kernel-speed" / "device" / "cache.sh"
+MiB = 1 << 20
 
 pytestmark = pytest.mark.skipif(
-    any(shutil.which(t) is None for t in ("bash", "tar", "gzip", "split", "sha256sum", "find")),
-    reason="cache.sh needs bash, tar, gzip, split, sha256sum and GNU find")
+    any(shutil.which(t) is None for t in ("bash", "tar", "gzip", "split", "sha256sum", "find", "stat")),
+    reason="cache.sh needs bash, tar, gzip, split, sha256sum, stat and GNU find")
 
 
-def _caches(home: Path, seed: int) -> dict[str, bytes]:
-    """A vLLM-like cache tree under ``home``: 3.5 MiB of incompressible bytes, so it packs into 4 parts of 1 MiB."""
-    rnd = __import__("random").Random(seed)
-    files = {".cache/vllm/torch_compile_cache/1aab200f30/triton_cache/k.cubin": rnd.randbytes(3 << 20),
+class Host:
+    """A GPU host as cache.sh sees it: its own HOME and /tmp folders; the checkout's .devcache is shared."""
+
+    def __init__(self, tmp: Path, name: str):
+        self.tmp, self.home, self.calls = tmp, tmp / name / "home", 0
+        self.home.mkdir(parents=True)
+        self.env = {**os.environ, "HOME": str(self.home), "PART_MIB": "1", "OUT_MIB": "10", "OUT_FILES": "8",
+                    "DEVCACHE": str(tmp / "checkout-devcache"), "DEVCACHE_PACK": str(tmp / name / "pack"),
+                    "DEVCACHE_STASH": str(tmp / name / "stash")}
+
+    def run(self, *args: str, out: Path | None = None, **env: str) -> str:
+        e = {**self.env, **env, **({"OUT": str(out)} if out else {})}
+        p = subprocess.run(["bash", str(SCRIPT), *args], env=e, capture_output=True, text=True, cwd=self.tmp)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout
+
+    def call(self, *args: str, results: int = 0, **env: str) -> tuple[str, Path]:
+        """One device call: a fresh $OUT holding ``results`` files of the call's own, the command, then its files
+        collected into the checkout."""
+        self.calls += 1
+        out = self.tmp / f"{self.home.parent.name}-call-{self.calls}"
+        out.mkdir()
+        for i in range(results):
+            (out / f"result-{i}.txt").write_text("x")
+        said = self.run(*args, out=out, **env)
+        if (out / "devcache").exists():
+            said += self.run("collect", str(out))
+        return said, out
+
+
+def _caches(home: Path, seed: int, mib: float = 3.5) -> dict[str, bytes]:
+    """A vLLM-like cache tree: ``mib`` MiB of incompressible bytes (3.5: four parts of 1 MiB)."""
+    rnd = random.Random(seed)
+    files = {".cache/vllm/torch_compile_cache/1aab200f30/triton_cache/k.cubin": rnd.randbytes(int(mib * MiB) - MiB // 2),
              ".cache/vllm/modelinfos/qwen3_5.json": b'{"ok": true}',
-             ".triton/cache/abc/kernel.json": rnd.randbytes(1 << 19)}
+             ".triton/cache/abc/kernel.json": rnd.randbytes(MiB // 2)}
     for rel, data in files.items():
         (home / rel).parent.mkdir(parents=True, exist_ok=True)
         (home / rel).write_bytes(data)
     return files
 
 
-def _run(tmp: Path, home: Path, *args: str, out: Path | None = None) -> str:
-    env = {**os.environ, "HOME": str(home), "PART_MIB": "1", "OUT_MIB": "3",
-           "DEVCACHE": str(tmp / "checkout-devcache"), "DEVCACHE_PACK": str(tmp / "host-pack"),
-           "DEVCACHE_STASH": str(tmp / "host-stash")}
-    if out is not None:
-        env["OUT"] = str(out)
-    p = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, cwd=tmp)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return p.stdout
+def _snapshot_folders(tmp: Path) -> list[str]:
+    return sorted(p.name for p in (tmp / "checkout-devcache").iterdir())
 
 
-def _bring_back(tmp: Path, home: Path, call: int, *args: str) -> str:
-    """One device call: a fresh $OUT, the command, then its files collected into the checkout."""
-    out = tmp / f"call-{call}"
-    out.mkdir()
-    said = _run(tmp, home, *args, out=out)
-    if (out / "devcache").exists():
-        said += _run(tmp, home, "collect", str(out))
-    return said
+def test_the_defaults_fit_what_one_call_may_bring_back():
+    """At most 8 files of 16 MiB, 64 MiB in all come back from a call (/work/.library/device/README.md)."""
+    text = SCRIPT.read_text()
+    num = lambda name: int(re.search(rf"^{name}=\$\{{{name}:-(\d+)\}}", text, re.M).group(1))
+    assert num("PART_MIB") < 16 and num("OUT_FILES") <= 8 and num("OUT_MIB") <= 64
 
 
-def test_caches_travel_in_parts_and_come_back_byte_for_byte(tmp_path):
-    host1 = tmp_path / "host1"
-    files = _caches(host1, seed=1)
-    said = _bring_back(tmp_path, host1, 1, "pack")
-    assert "in 4 part(s)" in said
-    left = re.search(r"still on the host: ([0-9 ]+)\n", said)
-    assert left, said                       # 4 MiB of parts do not fit one call's 3 MiB
-    said = _bring_back(tmp_path, host1, 2, "out", *left.group(1).split())
-    assert "compile cache: 4 of 4 part(s) here" in said, said
-    # the same host packs again only where the caches changed
-    assert "unchanged" in _run(tmp_path, host1, "pack", out=tmp_path / "call-3")
+def test_a_snapshot_travels_in_parts_within_each_call_s_limits_and_comes_back_byte_for_byte(tmp_path):
+    a = Host(tmp_path, "host-a")
+    files = _caches(a.home, seed=1)
+    said, out = a.call("pack", results=5)            # an e2e call: 5 files of its own, room for 3 more
+    assert re.search(r"snapshot \w+: 4 MiB in 4 part\(s\)", said), said
+    assert len(list(out.rglob("*.part"))) == 3 and len([f for f in out.rglob("*") if f.is_file()]) == 8
+    assert "1 of 4" not in said and "3 of 4 part(s) here" in said and "missing 03" in said
+    said, out = a.call("out")                        # a call of its own: the part left
+    assert "4 of 4 part(s) here" in said and "missing" not in said
+    said, _ = a.call("pack")                         # nothing new compiled: nothing to send
+    assert "unchanged" in said and "every part sent" in said
 
-    host2 = tmp_path / "host2"
-    host2.mkdir()
-    assert "none stashed" in _run(tmp_path, host2, "restore")
-    assert "4 part(s)" in _run(tmp_path, host2, "stash")
-    assert "restored" in _run(tmp_path, host2, "restore")
+    b = Host(tmp_path, "host-b")
+    assert "none stashed" in b.run("restore")
+    assert "stashed 4 part(s)" in b.run("stash")
+    assert "restored in" in b.run("restore")
     for rel, data in files.items():
-        assert (host2 / rel).read_bytes() == data, rel
-    assert "earlier on this host" in _run(tmp_path, host2, "restore")
+        assert (b.home / rel).read_bytes() == data, rel
+    assert "restored earlier on this host" in b.run("restore")
+    said, out = b.call("pack")                       # the restored cache is not sent back again
+    assert "unchanged" in said and not (out / "devcache").exists()
 
 
-def test_a_corrupt_or_missing_part_is_refused_and_a_newer_pack_replaces_an_older(tmp_path):
-    host1 = tmp_path / "host1"
-    _caches(host1, seed=2)
-    said = _bring_back(tmp_path, host1, 1, "pack")
-    assert "missing part" in said           # only what fitted came back
-    host2 = tmp_path / "host2"
-    host2.mkdir()
-    _run(tmp_path, host2, "stash")
-    assert "not restored" in _run(tmp_path, host2, "restore")
-    left = re.search(r"still on the host: ([0-9 ]+)\n", said).group(1).split()
-    _bring_back(tmp_path, host1, 2, "out", *left)
-    _run(tmp_path, host2, "stash")
-    stashed = sorted((tmp_path / "host-stash").glob("part-*"))
-    data = bytearray(stashed[1].read_bytes())
+def test_a_corrupt_or_missing_part_is_refused_and_an_older_snapshot_stays_until_a_newer_one_is_whole(tmp_path):
+    a = Host(tmp_path, "host-a")
+    _caches(a.home, seed=2)
+    a.call("pack", results=5)
+    a.call("out")
+    old = _snapshot_folders(tmp_path)
+    assert len(old) == 4
+    # another strategy compiles: a new snapshot, of which the first call brings back only some parts
+    (a.home / ".cache/vllm/torch_compile_cache/fb6e831b3f").mkdir(parents=True)
+    (a.home / ".cache/vllm/torch_compile_cache/fb6e831b3f/x").write_bytes(random.Random(3).randbytes(MiB))
+    said, out = a.call("pack", results=1, OUT_MIB="2")       # here the MiB bind, not the files
+    back = [f for f in out.rglob("*") if f.is_file()]
+    assert sum(f.stat().st_size for f in back) <= 2 * MiB and len(back) < 8
+    assert "of 5 part(s) here" in said and "missing" in said
+    assert set(old) <= set(_snapshot_folders(tmp_path))     # the complete older one is kept
+
+    b = Host(tmp_path, "host-b")                              # a host that gets the parts so far
+    b.run("stash")
+    assert "restored in" in b.run("restore")                  # the newest whole snapshot: the older one
+    assert not (b.home / ".cache/vllm/torch_compile_cache/fb6e831b3f").exists()
+
+    said, _ = a.call("out")
+    assert "5 of 5 part(s) here" in said
+    assert not set(old) & set(_snapshot_folders(tmp_path))   # now the older one is of no more use
+
+    c = Host(tmp_path, "host-c")
+    c.run("stash")
+    stash = sorted((tmp_path / "host-c" / "stash").glob("*.part"))
+    data = bytearray(stash[1].read_bytes())
     data[100] ^= 0xFF
-    stashed[1].write_bytes(bytes(data))
-    assert "checksum mismatch" in _run(tmp_path, host2, "restore")
-    assert not (host2 / ".cache").exists()
-
-    # the caches change on the host (another strategy compiled): the new pack's parts replace the old ones
-    (host1 / ".cache/vllm/torch_compile_cache/fb6e831b3f").mkdir(parents=True)
-    (host1 / ".cache/vllm/torch_compile_cache/fb6e831b3f/x").write_bytes(b"replay")
-    old = (tmp_path / "checkout-devcache/p00/manifest.txt").read_text()
-    said = _bring_back(tmp_path, host1, 3, "pack")
-    assert "packed" in said and "fb6e831b3f" in (tmp_path / "checkout-devcache/p00/manifest.txt").read_text()
-    assert all((d / "manifest.txt").read_text() != old for d in (tmp_path / "checkout-devcache").glob("p*"))
+    stash[1].write_bytes(bytes(data))
+    said = c.run("restore")
+    assert "checksum mismatch" in said and "no complete snapshot" in said
+    assert not (c.home / ".cache").exists()
+    stash[1].unlink()
+    assert "4 of 5 parts stashed" in c.run("restore")

@@ -115,7 +115,7 @@ def test_the_anchor_runs_first_in_every_command_and_is_measured_again_when_a_cam
     assert [(m["call"], m["what"]) for m in a["measurements"]] == [(1, "grid point"), (2, "re-measured")]
     assert a["spread"]["output_throughput"] is not None
     assert "Drift between sweep commands" in (tmp_path / "s" / "report.html").read_text()
-    # the second command's points beside the baseline's of the first: listed with both calls
+    # every point beside the baseline's at its settings, with the call each ran in
     pairs = json.loads((tmp_path / "s" / "analysis.json").read_text())["side_by_side"]
     assert pairs and {(r["call"], r["baseline_call"]) for r in pairs} >= {(2, 2), (1, 1)}
     assert "Each point beside store_all" in (tmp_path / "s" / "report.html").read_text()
@@ -307,11 +307,13 @@ def test_side_by_side_names_each_pair_s_calls_and_adjusts_only_across_calls_by_e
     store.init({"anchor": "A"})
     store.write("A", _summary(tput=100.0), None)
     Store(root / "anchors" / "call-02").write("A", _summary(tput=80.0), None)
-    Store(root / "anchors" / "call-03").write("A", _summary(tput=120.0), None)
+    Store(root / "anchors" / "call-03").write("A", _summary(tput=60.0), None)
+    Store(root / "anchors" / "call-04").write("A", _summary(tput=120.0), None)
     (root / "calls.json").write_text(json.dumps([
         {"call": 1, "anchor": "A", "points": ["A", "T9"], "anchor_remeasured": False},
         {"call": 2, "anchor": "A", "points": ["A", "B6", "N6"], "anchor_remeasured": True},
-        {"call": 3, "anchor": "A", "points": ["A", "T6"], "anchor_remeasured": True}]))
+        {"call": 3, "anchor": "A", "points": ["A", "T6"], "anchor_remeasured": True},
+        {"call": 4, "anchor": "A", "points": ["A", "T6"], "anchor_remeasured": True}]))   # T6 failed in 3
 
     def row(pid, strategy, tput, ttft, series=None):
         return {"point_id": pid, "strategy": strategy, "series": series or strategy, "output_throughput": tput,
@@ -328,17 +330,22 @@ def test_side_by_side_names_each_pair_s_calls_and_adjusts_only_across_calls_by_e
     # the anchor's own grid copy is call 1's (calls 2 and 3 measured it again into anchors/)
     assert (t9["call"], t9["baseline_call"], t9["same_call"]) == (1, 1, True)
     assert t9["throughput_ratio"] == pytest.approx(0.97) and t9["adjusted_throughput_ratio"] == pytest.approx(0.97)
-    assert (t6["call"], t6["baseline_call"], t6["same_call"]) == (3, 2, False)
+    # T6's grid copy is its retry's, call 4's
+    assert (t6["call"], t6["baseline_call"], t6["same_call"]) == (4, 2, False)
     assert t6["throughput_ratio"] == pytest.approx(1.8)
-    assert t6["adjusted_throughput_ratio"] == pytest.approx(1.8 * 80.0 / 120.0)    # call 3 ran 1.5x call 2
+    assert t6["adjusted_throughput_ratio"] == pytest.approx(1.8 * 80.0 / 120.0)    # call 4 ran 1.5x call 2
     assert t6["p99_ttft_ratio"] == pytest.approx(2.0)
     assert n6["series"] == "no_spec" and n6["baseline_point"] == "B6" and n6["same_call"]
     assert n6["adjusted_throughput_ratio"] == pytest.approx(0.8)
     # a call without a good anchor measurement gives no adjusted ratio; no anchor at all, no table
-    shutil.rmtree(root / "anchors" / "call-03")
-    Store(root / "anchors" / "call-03").write("A", _summary(status="failed", reason="boom"), None)
+    shutil.rmtree(root / "anchors" / "call-04")
+    Store(root / "anchors" / "call-04").write("A", _summary(status="failed", reason="boom"), None)
     t6 = {r["point_id"]: r for r in side_by_side(groups, "store_all", store, drift(store))}["T6"]
     assert t6["adjusted_throughput_ratio"] is None and t6["throughput_ratio"] == pytest.approx(1.8)
+    # a point the call log does not list (run before it existed) gets no call, so no adjusted ratio
+    groups[("w", 0.6, "concurrency", 128.0, "chain:3")]["replay"] = row("R6", "replay", 55.0, 3.0)
+    r6 = {r["point_id"]: r for r in side_by_side(groups, "store_all", store, drift(store))}["R6"]
+    assert r6["call"] is None and r6["adjusted_throughput_ratio"] is None
     assert side_by_side(groups, "store_all", store, None) == []
 
 

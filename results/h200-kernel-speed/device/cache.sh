@@ -1,101 +1,147 @@
 #!/usr/bin/env bash
 # vLLM's compile caches (torch.compile + Inductor + Triton under ~/.cache/vllm, and ~/.triton/cache) between
 # GPU hosts. A server start on a fresh host takes 300-370 s, of which ~200-260 s is compiling what the cache
-# holds; with the cache restored it takes ~100 s (the fifth and sixth sessions' engine logs: "Initial
+# holds; with the cache there it takes ~100 s (the fifth and sixth sessions' engine logs: "Initial
 # profiling/warmup run took 86-108 s" and "torch.compile took 40-50 s" cold, 3 s and 5 s warm). The cache
-# directory of one strategy (vLLM's hash of the config and the traced code, e.g. torch_compile_cache/1aab200f30
+# folder of one strategy (vLLM's hash of the config and the traced code, e.g. torch_compile_cache/1aab200f30
 # for store_all with the MTP drafter) is the same on every host and for every gmu, so a cache brought back from
 # one host serves the next. The caches change what a start compiles, not what a run measures.
 #
-# It is 250+ MiB per strategy: more than one transfer (64 MiB with the checkout), so it travels as numbered
-# parts of PART_MIB with a manifest (sha256 of the whole archive), in both directions:
-#   host:  cache.sh pack          where the caches changed since this host's last pack (a strategy compiled),
-#                                 pack them into /tmp/devcache-out/part-NN (+ manifest.txt) and bring back into
-#                                 $OUT/devcache/ the parts that fit beside what $OUT holds (e2e.sh calls it last)
-#          cache.sh out NN [NN..] bring back those parts of the last pack (a call of its own, seconds)
-#   here:  cache.sh collect DIR   move DIR/devcache/ (a call's files_at) into .devcache/pNN/ folders, one
-#                                 part each, with the manifest in each (a later pack replaces an older one)
-#   host:  cache.sh stash         in a call that carries .devcache/pNN: keep its part in /tmp/devcache-parts
-#          cache.sh restore       once every part of the manifest is stashed and the checksum holds, unpack
-#                                 into ~ (e2e.sh calls it first; a miss or a bad part only costs a cold start)
+# It is ~250 MiB per strategy compiled, and what comes back from a call is at most 8 files of 16 MiB, 64 MiB
+# in all (../../../../.library/device/README.md, "Limits"), so it travels as a snapshot: the whole cache as one
+# gzip archive cut into parts of PART_MIB, each part named cc-<snapshot>-<NN>of<TT>-<sha256 of the archive>.part
+# (the name is the manifest: no file of its own).
+#   host:  cache.sh pack          where the cache changed since this host's last pack or restore, snapshot it
+#                                 into /tmp/devcache-out, then bring back what fits of its parts not sent yet
+#                                 into $OUT/devcache/ (e2e.sh calls it last, within the call's time left)
+#          cache.sh out [NN..]    bring back more parts of the host's snapshot (all not sent yet by default;
+#                                 a call of its own, seconds, while that host is still up)
+#   here:  cache.sh collect DIR   move DIR/devcache/*.part (a call's files_at) into .devcache/<snapshot>-<NN>/,
+#                                 one folder per part to carry; keeps the newest complete snapshot and any newer
+#                                 one still arriving, drops older ones, and lists what is missing
+#   host:  cache.sh stash         in a call that carries .devcache/<snapshot>-<NN> folders: keep their parts in
+#                                 /tmp/devcache-parts (up to 3 parts per call beside the checkout)
+#          cache.sh restore       unpack the newest snapshot whose parts are all stashed and whose checksum
+#                                 holds into ~ (e2e.sh calls it first; a missing or bad part costs a cold start)
 set -euo pipefail
-PART_MIB=${PART_MIB:-48}
-OUT_MIB=${OUT_MIB:-60}                  # what one call may bring back in all (the limit is 64 MiB)
-PACK=${DEVCACHE_PACK:-/tmp/devcache-out}       # the host's packed parts
+shopt -s nullglob
+PART_MIB=${PART_MIB:-15}                       # < 16 MiB: a bigger file does not come back
+OUT_FILES=${OUT_FILES:-8}                      # files back from one call, at most
+OUT_MIB=${OUT_MIB:-62}                         # MiB back from one call, at most (the limit is 64)
+PACK=${DEVCACHE_PACK:-/tmp/devcache-out}       # the host's snapshot: PACK/current, PACK/<snapshot>/
 STASH=${DEVCACHE_STASH:-/tmp/devcache-parts}   # the host's carried parts
 HERE=${DEVCACHE:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)/.devcache}   # the checkout's parts
-mib() { du -smc "$@" 2>/dev/null | tail -1 | cut -f1; }
+DIRS=(.cache/vllm .triton/cache)
+
+# a listing of the caches' files and sizes: equal listings, equal caches (the files are written once)
+signature() { local d=(); for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && d+=("$x"); done
+  [ ${#d[@]} -gt 0 ] || { echo none; return; }
+  (cd ~ && find "${d[@]}" -type f -printf '%p %s\n' | LC_ALL=C sort) | sha256sum | cut -c1-16; }
+# the parts of one snapshot among FILES: snapshot, part number, total, sha from a part's name
+field() { basename "$1" .part | cut -d- -f"$2"; }
+snapshots() { for f in "$@"; do field "$f" 2; done | LC_ALL=C sort -u; }
+
+send() {                                       # send PART...: copy what fits the call's limits into $OUT
+  [ -n "${OUT:-}" ] || { echo "cache.sh: \$OUT is not set (run it on the GPU host)" >&2; exit 2; }
+  mkdir -p "$OUT/devcache"; local brought=() left=()
+  for f in "$@"; do
+    local files bytes; files=$(find "$OUT" -type f | wc -l); bytes=$(du -sbc "$OUT" | tail -1 | cut -f1)
+    if [ $((files + 1)) -le "$OUT_FILES" ] && [ $((bytes + $(stat -c %s "$f"))) -le $((OUT_MIB << 20)) ]; then
+      cp "$f" "$OUT/devcache/.incoming" && mv "$OUT/devcache/.incoming" "$OUT/devcache/$(basename "$f")"
+      touch "$f.sent"; brought+=("$(field "$f" 3)")
+    else left+=("$(field "$f" 3 | cut -c1-2)"); fi
+  done
+  echo "compile cache parts brought back: ${brought[*]:-none}; still on the host: ${left[*]:-none}"
+  if [ ${#left[@]} -gt 0 ]; then echo "  next: a call running 'bash results/h200-kernel-speed/device/cache.sh out'"; fi
+}
 
 case "${1:-}" in
 pack)
-  [ -n "${OUT:-}" ] || { echo "cache.sh pack: \$OUT is not set (run it on the GPU host)" >&2; exit 2; }
-  dirs=(); for d in .cache/vllm .triton/cache; do [ -d ~/"$d" ] && dirs+=("$d"); done
-  [ ${#dirs[@]} -gt 0 ] || { echo "cache.sh pack: no compile cache on this host"; exit 0; }
-  # a listing of the caches' files and sizes: equal listings mean the last pack still holds them
-  sig=$( (cd ~ && find "${dirs[@]}" -type f -printf '%p %s\n' | sort) | sha256sum | cut -c1-16)
-  if [ "$(cat $PACK/signature 2>/dev/null)" != "$sig" ]; then
-    t0=$(date +%s); rm -rf $PACK && mkdir -p $PACK
-    tar czf - -C ~ "${dirs[@]}" | split -b ${PART_MIB}M -d -a 2 - $PACK/part-
-    parts=$(ls $PACK | grep -c '^part-')
-    sha=$(cat $PACK/part-* | sha256sum | cut -d' ' -f1)
-    { echo "sha256 $sha"; echo "parts $parts"; echo "raw_mib $(mib "${dirs[@]/#/$HOME/}")"
-      echo "packed_utc $(date -u +%FT%TZ)"; echo "boot_id $(cat /proc/sys/kernel/random/boot_id)"
-      echo "git ${COMMITBENCH_GIT_COMMIT:-?}"
-      echo "keys $(ls ~/.cache/vllm/torch_compile_cache 2>/dev/null | tr '\n' ' ')"; } > $PACK/manifest.txt
-    echo "$sig" > $PACK/signature
-    echo "compile caches packed: $(mib "${dirs[@]/#/$HOME/}") MiB in $parts part(s) of <= $PART_MIB MiB, $(( $(date +%s) - t0 )) s"
+  rm -rf "$PACK"/.new-*
+  sig=$(signature)
+  [ "$sig" != none ] || { echo "compile cache: none on this host"; exit 0; }
+  if [ "$(cat "$PACK/signature" 2>/dev/null)" != "$sig" ]; then
+    t0=$(date +%s); id=$(date -u +%Y%m%dT%H%M%S%NZ); tmp=$PACK/.new-$id; mkdir -p "$tmp"
+    d=(); for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && d+=("$x"); done
+    tar -cf - -C ~ "${d[@]}" | gzip -1 | split -b "${PART_MIB}M" -d -a 2 - "$tmp/p-"
+    sha=$(cat "$tmp"/p-* | sha256sum | cut -d' ' -f1); p=("$tmp"/p-*); tt=$(printf %02d ${#p[@]})
+    for f in "${p[@]}"; do mv "$f" "$tmp/cc-$id-${f##*p-}of$tt-$sha.part"; done
+    old=$(cat "$PACK/current" 2>/dev/null || true)
+    mv "$tmp" "$PACK/$id" && echo "$id" > "$PACK/current" && echo "$sig" > "$PACK/signature"
+    [ -z "$old" ] || rm -rf "${PACK:?}/$old"
+    echo "compile cache snapshot $id: $(du -smc "${d[@]/#/$HOME/}" | tail -1 | cut -f1) MiB in ${#p[@]} part(s)" \
+         "of <= $PART_MIB MiB ($(du -sm "$PACK/$id" | cut -f1) MiB packed), $(( $(date +%s) - t0 )) s; by folder:"
+    (cd ~ && du -sm .cache/vllm/torch_compile_cache/* .cache/vllm/* .triton/cache 2>/dev/null | sort -rn | head -8 \
+      | sed 's/^/    /')
   else
-    # what the last pack brought back is already here (or `cache.sh out` brings the rest): nothing new to send
-    echo "compile caches unchanged since this host's last pack ($(grep parts $PACK/manifest.txt)): none brought back"
-    exit 0
+    echo "compile cache unchanged since this host's last pack or restore"
   fi
-  shift; set -- out $(ls $PACK | sed -n 's/^part-//p')
-  ;&                                    # bring back what fits
+  id=$(cat "$PACK/current" 2>/dev/null || true)
+  [ -n "$id" ] || exit 0                        # restored and unchanged: nothing of this host's to send
+  todo=(); for f in "$PACK/$id"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done
+  [ ${#todo[@]} -eq 0 ] && { echo "compile cache snapshot $id: every part sent"; exit 0; }
+  send "${todo[@]}"
+  ;;
 out)
-  shift; [ -f $PACK/manifest.txt ] || { echo "cache.sh out: nothing packed on this host (it was reset?)" >&2; exit 3; }
-  mkdir -p "$OUT/devcache" && cp $PACK/manifest.txt "$OUT/devcache/"
-  brought=(); left=()
-  for n in "$@"; do
-    f=$PACK/part-$n; [ -f "$f" ] || { echo "cache.sh out: no part $n in $PACK" >&2; exit 3; }
-    if [ $(( $(mib "$OUT") + $(mib "$f") )) -le $OUT_MIB ]; then
-      cp "$f" "$OUT/devcache/.part-$n" && mv "$OUT/devcache/.part-$n" "$OUT/devcache/part-$n"; brought+=($n); else left+=($n); fi
-  done
-  echo "compile cache parts brought back: ${brought[*]:-none}; still on the host: ${left[*]:-none}"
-  [ ${#left[@]} -eq 0 ] || echo "  next: a call running 'bash results/h200-kernel-speed/device/cache.sh out ${left[*]}'"
+  shift; id=$(cat "$PACK/current" 2>/dev/null || true)
+  [ -n "$id" ] || { echo "cache.sh out: no snapshot on this host (it was given back?)" >&2; exit 3; }
+  todo=()
+  if [ $# -eq 0 ]; then for f in "$PACK/$id"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done
+  else for n in "$@"; do f=("$PACK/$id"/cc-"$id"-"$n"of*.part)
+         [ ${#f[@]} -eq 1 ] || { echo "cache.sh out: snapshot $id has no part $n" >&2; exit 3; }; todo+=("${f[0]}"); done
+  fi
+  [ ${#todo[@]} -gt 0 ] || { echo "compile cache snapshot $id: every part sent"; exit 0; }
+  send "${todo[@]}"
   ;;
 collect)
   src="${2:?cache.sh collect DIR: a call files_at folder}"/devcache
-  [ -f "$src/manifest.txt" ] || { echo "cache.sh collect: $src has no manifest.txt" >&2; exit 2; }
-  if [ -z "${DEVCACHE:-}" ]; then     # the checkout's own .devcache: keep it out of git
+  if [ -z "${DEVCACHE:-}" ]; then              # the checkout's own .devcache: keep it out of git
     x=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$x")"
     grep -qxF "/.devcache/" "$x" 2>/dev/null || echo "/.devcache/" >> "$x"
   fi
-  sha=$(grep '^sha256' "$src/manifest.txt")
-  # parts of an older pack are useless beside a newer manifest
-  for d in "$HERE"/p*; do [ -d "$d" ] && ! grep -qxF "$sha" "$d/manifest.txt" && rm -rf "$d"; done
-  for f in "$src"/part-*; do
-    [ -f "$f" ] || continue; n=${f##*part-}
-    mkdir -p "$HERE/p$n" && cp "$f" "$src/manifest.txt" "$HERE/p$n/"
+  mkdir -p "$HERE"
+  for f in "$src"/cc-*.part; do
+    d="$HERE/$(field "$f" 2)-$(field "$f" 3 | cut -c1-2)"; mkdir -p "$d" && cp "$f" "$d/"
   done
-  want=$(sed -n 's/^parts //p' "$src/manifest.txt"); have=$(ls -d "$HERE"/p* 2>/dev/null | wc -l)
-  echo "compile cache: $have of $want part(s) here ($sha)"
-  for n in $(seq -f %02g 0 $((want - 1))); do [ -d "$HERE/p$n" ] || echo "  missing part $n"; done
+  have=("$HERE"/*/cc-*.part); complete=()
+  for id in $(snapshots "${have[@]}"); do
+    mine=("$HERE/$id"-*/cc-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-)
+    [ ${#mine[@]} -eq $((10#$tt)) ] && complete+=("$id")
+  done
+  newest=""; for id in "${complete[@]}"; do newest=$id; done      # snapshots() sorts them
+  for id in $(snapshots "${have[@]}"); do      # older than the newest complete one: of no more use
+    if [ -n "$newest" ] && [[ "$id" < "$newest" ]]; then rm -rf "$HERE/$id"-*; fi
+  done
+  for id in $(snapshots "$HERE"/*/cc-*.part); do
+    mine=("$HERE/$id"-*/cc-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-); missing=()
+    for n in $(seq -f %02g 0 $((10#$tt - 1))); do [ -d "$HERE/$id-$n" ] || missing+=("$n"); done
+    echo "compile cache snapshot $id: ${#mine[@]} of $((10#$tt)) part(s) here, $(du -smc "$HERE/$id"-* | tail -1 | cut -f1) MiB" \
+         "${missing[*]:+(missing ${missing[*]}: 'cache.sh out' on the host that packed it, while it is up)}"
+  done
   ;;
 stash)
-  mkdir -p $STASH; n=0
-  for d in "$HERE"/p*; do [ -d "$d" ] || continue; cp "$d"/part-* $STASH/; cp "$d/manifest.txt" $STASH/; n=$((n + 1)); done
-  echo "compile cache: stashed $n part folder(s); $STASH holds $(ls $STASH | grep -c '^part-') part(s)"
+  mkdir -p "$STASH"; parts=("$HERE"/*/cc-*.part)
+  for f in "${parts[@]}"; do cp "$f" "$STASH/"; done
+  echo "compile cache: stashed ${#parts[@]} part(s); $STASH holds $(ls "$STASH" | grep -c '\.part$' || true)"
   ;;
 restore)
-  [ -f $STASH/manifest.txt ] || { echo "compile cache: none stashed (a fresh host compiles every strategy)"; exit 0; }
-  [ -f $STASH/restored ] && { echo "compile cache: restored earlier on this host"; exit 0; }
-  want=$(sed -n 's/^parts //p' $STASH/manifest.txt); have=$(ls $STASH | grep -c '^part-' || true)
-  [ "$have" -eq "$want" ] || { echo "compile cache: $have of $want parts stashed: not restored"; exit 0; }
-  sha=$(cat $STASH/part-* | sha256sum | cut -d' ' -f1)
-  grep -qxF "sha256 $sha" $STASH/manifest.txt || { echo "compile cache: checksum mismatch: not restored"; exit 0; }
-  t0=$(date +%s); cat $STASH/part-* | tar xzf - -C ~ && touch $STASH/restored
-  echo "compile cache restored ($(sed -n 's/^raw_mib //p' $STASH/manifest.txt) MiB, keys: $(sed -n 's/^keys //p' $STASH/manifest.txt)) in $(( $(date +%s) - t0 )) s"
+  parts=("$STASH"/cc-*.part)
+  [ ${#parts[@]} -gt 0 ] || { echo "compile cache: none stashed (a fresh host compiles every strategy)"; exit 0; }
+  for id in $(snapshots "${parts[@]}" | LC_ALL=C sort -r); do
+    [ -f "$STASH/restored-$id" ] && { echo "compile cache snapshot $id: restored earlier on this host"; exit 0; }
+    mine=("$STASH"/cc-"$id"-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-); sha=$(field "${mine[0]}" 4)
+    if [ ${#mine[@]} -ne $((10#$tt)) ]; then echo "compile cache snapshot $id: ${#mine[@]} of $((10#$tt)) parts stashed"; continue; fi
+    if [ "$(cat "${mine[@]}" | sha256sum | cut -d' ' -f1)" != "$sha" ]; then
+      echo "compile cache snapshot $id: checksum mismatch, not restored"; continue; fi
+    t0=$(date +%s)
+    if ! cat "${mine[@]}" | tar xzf - -C ~; then echo "compile cache snapshot $id: unpacking failed"; continue; fi
+    touch "$STASH/restored-$id"
+    mkdir -p "$PACK" && signature > "$PACK/signature"     # so the next pack sends only what this host adds
+    echo "compile cache snapshot $id restored in $(( $(date +%s) - t0 )) s: $(ls ~/.cache/vllm/torch_compile_cache 2>/dev/null | tr '\n' ' ')"
+    exit 0
+  done
+  echo "compile cache: no complete snapshot stashed: not restored"
   ;;
 *)
-  echo "usage: cache.sh pack | out NN... | collect DIR | stash | restore" >&2; exit 2;;
+  echo "usage: cache.sh pack | out [NN...] | collect DIR | stash | restore" >&2; exit 2;;
 esac

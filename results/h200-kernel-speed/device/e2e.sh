@@ -32,9 +32,9 @@ fi
 rc=$?
 echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (budget ${BUDGET} s)"; tail -15 "$OUT/sweep-$CALL.log"
 [ -d "$D" ] && tar czf "$OUT/e2e-$CALL.tgz" -C /tmp "e2e-$CALL"
-# the compile caches, for later hosts: where a strategy compiled in this call, packed into parts, the first
-# brought back beside the results (cache.sh collect files_at here; `cache.sh out NN` calls bring the rest).
-# Bounded by the call's time left, so the results above always come back
+# the compile caches, for later hosts: where a strategy compiled in this call, a new snapshot in 15 MiB parts,
+# as many brought back beside the results as a call may return (`cache.sh collect <files_at>` here; calls of
+# `cache.sh out` bring the rest). Bounded by the call's time left, and after the results are in $OUT
 sz=$(du -smc ~/.cache/vllm ~/.triton/cache 2>/dev/null | tail -1 | cut -f1); echo "compile caches: ${sz:-?} MiB"
 left=$(( LIMIT - 15 - ($(date +%s) - T0) ))
 if [ "$left" -gt 10 ]; then timeout $left bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
