@@ -135,3 +135,26 @@ def test_a_corrupt_or_missing_part_is_refused_and_an_older_snapshot_stays_until_
     assert not (c.home / ".cache").exists()
     stash[1].unlink()
     assert "4 of 5 parts stashed" in c.run("restore")
+
+
+def test_a_host_that_compiled_without_restoring_adds_its_snapshot_beside_the_older_one_and_both_restore(tmp_path):
+    """Host c compiled another strategy without the earlier snapshot (none carried to it), and lacks
+    ~/.triton/cache (vLLM points Triton into its own folder): its snapshot holds only its own strategy, so
+    collect keeps the older one, and a later host restores both."""
+    a = Host(tmp_path, "host-a")
+    files = _caches(a.home, seed=4)
+    a.call("pack", results=4)
+    c = Host(tmp_path, "host-c")
+    mine = c.home / ".cache/vllm/torch_compile_cache/fb6e831b3f/triton_cache/r.cubin"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(random.Random(5).randbytes(MiB))
+    said, out = c.call("pack", results=4)
+    assert len(list(out.rglob("*.part"))) == 2 and "kept, it holds files" in said
+    assert len({f.split("-")[0] for f in _snapshot_folders(tmp_path)}) == 2
+    d = Host(tmp_path, "host-d")
+    d.run("stash")
+    said = d.run("restore")
+    assert said.count("restored in") == 2 and "1aab200f30 fb6e831b3f" in said
+    assert (d.home / mine.relative_to(c.home)).read_bytes() == mine.read_bytes()
+    for rel, data in files.items():
+        assert (d.home / rel).read_bytes() == data, rel

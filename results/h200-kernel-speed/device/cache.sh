@@ -17,12 +17,13 @@
 #          cache.sh out [NN..]    bring back more parts of the host's snapshot (all not sent yet by default;
 #                                 a call of its own, seconds, while that host is still up)
 #   here:  cache.sh collect DIR   move DIR/devcache/*.part (a call's files_at) into .devcache/<snapshot>-<NN>/,
-#                                 one folder per part to carry; keeps the newest complete snapshot and any newer
-#                                 one still arriving, drops older ones, and lists what is missing
+#                                 one folder per part to carry; drops an older snapshot once a newer complete one
+#                                 holds all its files, keeps one still arriving, and lists what is missing
 #   host:  cache.sh stash         in a call that carries .devcache/<snapshot>-<NN> folders: keep their parts in
 #                                 /tmp/devcache-parts (up to 3 parts per call beside the checkout)
-#          cache.sh restore       unpack the newest snapshot whose parts are all stashed and whose checksum
-#                                 holds into ~ (e2e.sh calls it first; a missing or bad part costs a cold start)
+#          cache.sh restore       unpack into ~ every snapshot whose parts are all stashed and whose checksum
+#                                 holds, oldest first (e2e.sh calls it first; a missing or bad part costs a
+#                                 cold start of what that snapshot held)
 set -euo pipefail
 shopt -s nullglob
 PART_MIB=${PART_MIB:-15}                       # < 16 MiB: a bigger file does not come back
@@ -72,7 +73,7 @@ pack)
     echo "compile cache snapshot $id: $(du -smc "${d[@]/#/$HOME/}" | tail -1 | cut -f1) MiB in ${#p[@]} part(s)" \
          "of <= $PART_MIB MiB ($(du -sm "$PACK/$id" | cut -f1) MiB packed), $(( $(date +%s) - t0 )) s; by folder:"
     (cd ~ && du -sm .cache/vllm/torch_compile_cache/* .cache/vllm/* .triton/cache 2>/dev/null | sort -rn | head -8 \
-      | sed 's/^/    /')
+      | sed 's/^/    /') || true                # du: a folder this host lacks is no error
   else
     echo "compile cache unchanged since this host's last pack or restore"
   fi
@@ -84,7 +85,7 @@ pack)
   ;;
 out)
   shift; id=$(cat "$PACK/current" 2>/dev/null || true)
-  [ -n "$id" ] || { echo "cache.sh out: no snapshot on this host (it was given back?)" >&2; exit 3; }
+  [ -n "$id" ] || { echo "cache.sh out: this host packed no snapshot (a fresh one, or one that restored and compiled nothing since)" >&2; exit 3; }
   todo=()
   if [ $# -eq 0 ]; then for f in "$PACK/$id"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done
   else for n in "$@"; do f=("$PACK/$id"/cc-"$id"-"$n"of*.part)
@@ -109,9 +110,16 @@ collect)
     [ ${#mine[@]} -eq $((10#$tt)) ] && complete+=("$id")
   done
   newest=""; for id in "${complete[@]}"; do newest=$id; done      # snapshots() sorts them
-  for id in $(snapshots "${have[@]}"); do      # older than the newest complete one: of no more use
-    if [ -n "$newest" ] && [[ "$id" < "$newest" ]]; then rm -rf "$HERE/$id"-*; fi
-  done
+  # an older snapshot is of no more use once the newest complete one holds every file it holds (a host that
+  # compiled without restoring first snapshots only its own strategies: then both stay)
+  files_of() { cat "$HERE/$1"-*/cc-*.part | tar tzf - | LC_ALL=C sort; }
+  if [ -n "$newest" ]; then
+    for id in $(snapshots "${have[@]}"); do
+      [[ "$id" < "$newest" ]] || continue
+      if [ -z "$(LC_ALL=C comm -23 <(files_of "$id") <(files_of "$newest"))" ]; then rm -rf "$HERE/$id"-*
+      else echo "compile cache snapshot $id: kept, it holds files that $newest lacks"; fi
+    done
+  fi
   for id in $(snapshots "$HERE"/*/cc-*.part); do
     mine=("$HERE/$id"-*/cc-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-); missing=()
     for n in $(seq -f %02g 0 $((10#$tt - 1))); do [ -d "$HERE/$id-$n" ] || missing+=("$n"); done
@@ -127,20 +135,28 @@ stash)
 restore)
   parts=("$STASH"/cc-*.part)
   [ ${#parts[@]} -gt 0 ] || { echo "compile cache: none stashed (a fresh host compiles every strategy)"; exit 0; }
-  for id in $(snapshots "${parts[@]}" | LC_ALL=C sort -r); do
-    [ -f "$STASH/restored-$id" ] && { echo "compile cache snapshot $id: restored earlier on this host"; exit 0; }
+  # every whole snapshot, oldest first: collect keeps an older one only where it holds files a newer one lacks
+  restored=0; earlier=0
+  for id in $(snapshots "${parts[@]}"); do
+    [ -f "$STASH/restored-$id" ] && { earlier=$((earlier + 1)); continue; }
     mine=("$STASH"/cc-"$id"-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-); sha=$(field "${mine[0]}" 4)
     if [ ${#mine[@]} -ne $((10#$tt)) ]; then echo "compile cache snapshot $id: ${#mine[@]} of $((10#$tt)) parts stashed"; continue; fi
     if [ "$(cat "${mine[@]}" | sha256sum | cut -d' ' -f1)" != "$sha" ]; then
       echo "compile cache snapshot $id: checksum mismatch, not restored"; continue; fi
-    t0=$(date +%s)
-    if ! cat "${mine[@]}" | tar xzf - -C ~; then echo "compile cache snapshot $id: unpacking failed"; continue; fi
-    touch "$STASH/restored-$id"
-    mkdir -p "$PACK" && signature > "$PACK/signature"     # so the next pack sends only what this host adds
-    echo "compile cache snapshot $id restored in $(( $(date +%s) - t0 )) s: $(ls ~/.cache/vllm/torch_compile_cache 2>/dev/null | tr '\n' ' ')"
-    exit 0
+    t0=$(date +%s); tmp=~/.devcache-unpack; rm -rf "$tmp" && mkdir -p "$tmp"
+    # unpacked aside and copied in whole, so a failure leaves no half-written cache entry for vLLM to load
+    if ! { cat "${mine[@]}" | tar xzf - -C "$tmp" && cp -a "$tmp"/. ~/; }; then
+      rm -rf "$tmp"; echo "compile cache snapshot $id: unpacking failed"; continue; fi
+    rm -rf "$tmp"; touch "$STASH/restored-$id"; restored=$((restored + 1))
+    echo "compile cache snapshot $id restored in $(( $(date +%s) - t0 )) s"
   done
-  echo "compile cache: no complete snapshot stashed: not restored"
+  if [ $restored -gt 0 ]; then
+    # a host that packed its own snapshot before holds both now: its next pack is to take them together;
+    # else the next pack sends only where this host compiles something new
+    if [ -f "$PACK/current" ]; then rm -f "$PACK/signature"; else mkdir -p "$PACK" && signature > "$PACK/signature"; fi
+    echo "compile cache: strategies' folders now here: $(ls ~/.cache/vllm/torch_compile_cache 2>/dev/null | tr '\n' ' ')"
+  elif [ $earlier -gt 0 ]; then echo "compile cache: restored earlier on this host"
+  else echo "compile cache: no complete snapshot stashed: not restored"; fi
   ;;
 *)
   echo "usage: cache.sh pack | out [NN...] | collect DIR | stash | restore" >&2; exit 2;;
