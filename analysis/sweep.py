@@ -150,13 +150,15 @@ def drift(store) -> dict[str, Any] | None:
     return {"point_id": anchor, "measurements": rows, "spread": spread, "calls": len(calls), "other_points": others}
 
 
-def measured_in(store, point: str) -> int | None:
-    """The sweep command whose measurement of ``point`` the grid keeps: the last one that ran it as a grid point
-    (an anchor measured again goes to anchors/, not the grid). None: not in the call log (before it existed)."""
-    last = None
+def measured_in(store) -> dict[str, int]:
+    """For each point in the call log, the sweep command whose measurement the grid keeps: the last one that ran
+    it as a grid point (an anchor measured again goes to anchors/, not the grid). A point missing from it ran
+    before the call log existed."""
+    last: dict[str, int] = {}
     for c in CallLog.read(store.root):
-        if point in c["points"] and not (c.get("anchor_remeasured") and point == c.get("anchor")):
-            last = c["call"]
+        for point in c["points"]:
+            if not (c.get("anchor_remeasured") and point == c.get("anchor")):
+                last[point] = c["call"]
     return last
 
 
@@ -174,6 +176,7 @@ def side_by_side(groups: dict[tuple, dict[str, dict]], base: str, store, anchor:
     by_call = {m["call"]: m["output_throughput"] for m in anchor["measurements"]
                if m["status"] == "ok" and m.get("output_throughput")}
     off = {k[:4]: next(iter(by.values())) for k, by in groups.items() if k[4] == NO_SPEC and by}
+    calls = measured_in(store)
     rows = []
     for key, by in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         if key[4] == NO_SPEC or base not in by:
@@ -181,7 +184,7 @@ def side_by_side(groups: dict[tuple, dict[str, dict]], base: str, store, anchor:
         b = by[base]
         others = [r for s, r in sorted(by.items()) if s != base] + ([off[key[:4]]] if key[:4] in off else [])
         for r in others:
-            call, base_call = measured_in(store, r["point_id"]), measured_in(store, b["point_id"])
+            call, base_call = calls.get(r["point_id"]), calls.get(b["point_id"])
             raw = ratio(r, b, "throughput")
             adj = None
             # a point outside the call log (before it existed) has no call to take an anchor from

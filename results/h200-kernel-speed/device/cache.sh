@@ -34,12 +34,14 @@ STASH=${DEVCACHE_STASH:-/tmp/devcache-parts}   # the host's carried parts
 HERE=${DEVCACHE:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)/.devcache}   # the checkout's parts
 DIRS=(.cache/vllm .triton/cache)
 
+present() { for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && echo "$x"; done; }   # the cache folders this host has
 # a listing of the caches' files and sizes: equal listings, equal caches (the files are written once)
-signature() { local d=(); for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && d+=("$x"); done
+signature() { local d; mapfile -t d < <(present)
   [ ${#d[@]} -gt 0 ] || { echo none; return; }
   (cd ~ && find "${d[@]}" -type f -printf '%p %s\n' | LC_ALL=C sort) | sha256sum | cut -c1-16; }
-# the parts of one snapshot among FILES: snapshot, part number, total, sha from a part's name
+# a part's name: cc-<snapshot>-<NN>of<TT>-<sha>.part; field 2 the snapshot, 3 NNofTT, 4 the sha
 field() { basename "$1" .part | cut -d- -f"$2"; }
+total() { echo $((10#$(field "$1" 3 | cut -c5-))); }          # how many parts the snapshot of part $1 has
 snapshots() { for f in "$@"; do field "$f" 2; done | LC_ALL=C sort -u; }
 
 send() {                                       # send PART...: copy what fits the call's limits into $OUT
@@ -56,6 +58,11 @@ send() {                                       # send PART...: copy what fits th
   if [ ${#left[@]} -gt 0 ]; then echo "  next: a call running 'bash results/h200-kernel-speed/device/cache.sh out'"; fi
 }
 
+send_unsent() {                                # send_unsent ID: the parts of snapshot ID not sent yet
+  local todo=() f; for f in "$PACK/$1"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done
+  if [ ${#todo[@]} -eq 0 ]; then echo "compile cache snapshot $1: every part sent"; else send "${todo[@]}"; fi
+}
+
 case "${1:-}" in
 pack)
   rm -rf "$PACK"/.new-*
@@ -63,7 +70,7 @@ pack)
   [ "$sig" != none ] || { echo "compile cache: none on this host"; exit 0; }
   if [ "$(cat "$PACK/signature" 2>/dev/null)" != "$sig" ]; then
     t0=$(date +%s); id=$(date -u +%Y%m%dT%H%M%S%NZ); tmp=$PACK/.new-$id; mkdir -p "$tmp"
-    d=(); for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && d+=("$x"); done
+    mapfile -t d < <(present)
     tar -cf - -C ~ "${d[@]}" | gzip -1 | split -b "${PART_MIB}M" -d -a 2 - "$tmp/p-"
     sha=$(cat "$tmp"/p-* | sha256sum | cut -d' ' -f1); p=("$tmp"/p-*); tt=$(printf %02d ${#p[@]})
     for f in "${p[@]}"; do mv "$f" "$tmp/cc-$id-${f##*p-}of$tt-$sha.part"; done
@@ -78,20 +85,15 @@ pack)
     echo "compile cache unchanged since this host's last pack or restore"
   fi
   id=$(cat "$PACK/current" 2>/dev/null || true)
-  [ -n "$id" ] || exit 0                        # restored and unchanged: nothing of this host's to send
-  todo=(); for f in "$PACK/$id"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done
-  [ ${#todo[@]} -eq 0 ] && { echo "compile cache snapshot $id: every part sent"; exit 0; }
-  send "${todo[@]}"
+  [ -z "$id" ] || send_unsent "$id"           # none: restored and unchanged, nothing of this host's to send
   ;;
 out)
   shift; id=$(cat "$PACK/current" 2>/dev/null || true)
   [ -n "$id" ] || { echo "cache.sh out: this host packed no snapshot (a fresh one, or one that restored and compiled nothing since)" >&2; exit 3; }
+  [ $# -gt 0 ] || { send_unsent "$id"; exit 0; }
   todo=()
-  if [ $# -eq 0 ]; then for f in "$PACK/$id"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done
-  else for n in "$@"; do f=("$PACK/$id"/cc-"$id"-"$n"of*.part)
-         [ ${#f[@]} -eq 1 ] || { echo "cache.sh out: snapshot $id has no part $n" >&2; exit 3; }; todo+=("${f[0]}"); done
-  fi
-  [ ${#todo[@]} -gt 0 ] || { echo "compile cache snapshot $id: every part sent"; exit 0; }
+  for n in "$@"; do f=("$PACK/$id"/cc-"$id"-"$n"of*.part)
+    [ ${#f[@]} -eq 1 ] || { echo "cache.sh out: snapshot $id has no part $n" >&2; exit 3; }; todo+=("${f[0]}"); done
   send "${todo[@]}"
   ;;
 collect)
@@ -106,8 +108,8 @@ collect)
   done
   have=("$HERE"/*/cc-*.part); complete=()
   for id in $(snapshots "${have[@]}"); do
-    mine=("$HERE/$id"-*/cc-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-)
-    [ ${#mine[@]} -eq $((10#$tt)) ] && complete+=("$id")
+    mine=("$HERE/$id"-*/cc-*.part)
+    [ ${#mine[@]} -eq "$(total "${mine[0]}")" ] && complete+=("$id")
   done
   newest=""; for id in "${complete[@]}"; do newest=$id; done      # snapshots() sorts them
   # an older snapshot is of no more use once the newest complete one holds every file it holds (a host that
@@ -121,9 +123,9 @@ collect)
     done
   fi
   for id in $(snapshots "$HERE"/*/cc-*.part); do
-    mine=("$HERE/$id"-*/cc-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-); missing=()
-    for n in $(seq -f %02g 0 $((10#$tt - 1))); do [ -d "$HERE/$id-$n" ] || missing+=("$n"); done
-    echo "compile cache snapshot $id: ${#mine[@]} of $((10#$tt)) part(s) here, $(du -smc "$HERE/$id"-* | tail -1 | cut -f1) MiB" \
+    mine=("$HERE/$id"-*/cc-*.part); tt=$(total "${mine[0]}"); missing=()
+    for n in $(seq -f %02g 0 $((tt - 1))); do [ -d "$HERE/$id-$n" ] || missing+=("$n"); done
+    echo "compile cache snapshot $id: ${#mine[@]} of $tt part(s) here, $(du -smc "$HERE/$id"-* | tail -1 | cut -f1) MiB" \
          "${missing[*]:+(missing ${missing[*]}: 'cache.sh out' on the host that packed it, while it is up)}"
   done
   ;;
@@ -139,8 +141,8 @@ restore)
   restored=0; earlier=0
   for id in $(snapshots "${parts[@]}"); do
     [ -f "$STASH/restored-$id" ] && { earlier=$((earlier + 1)); continue; }
-    mine=("$STASH"/cc-"$id"-*.part); tt=$(field "${mine[0]}" 3 | cut -c5-); sha=$(field "${mine[0]}" 4)
-    if [ ${#mine[@]} -ne $((10#$tt)) ]; then echo "compile cache snapshot $id: ${#mine[@]} of $((10#$tt)) parts stashed"; continue; fi
+    mine=("$STASH"/cc-"$id"-*.part); tt=$(total "${mine[0]}"); sha=$(field "${mine[0]}" 4)
+    if [ ${#mine[@]} -ne "$tt" ]; then echo "compile cache snapshot $id: ${#mine[@]} of $tt parts stashed"; continue; fi
     if [ "$(cat "${mine[@]}" | sha256sum | cut -d' ' -f1)" != "$sha" ]; then
       echo "compile cache snapshot $id: checksum mismatch, not restored"; continue; fi
     t0=$(date +%s); tmp=~/.devcache-unpack; rm -rf "$tmp" && mkdir -p "$tmp"
