@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +20,7 @@ import strategies
 from .anchor import CallLog, anchor_store, boot_id
 from .anchor import pick as pick_anchor
 from .budget import TimeBudget, process_age_s
+from .compile_cache import compiled_kinds, note_compiled
 from .config import compose, conf_dir, parse_draft
 from .point import close_engines, point_id, run_point
 from .store import Store
@@ -217,12 +218,13 @@ def run(cfg: DictConfig) -> int:
                   + (f"; anchor {point_id(anchor)} measured again first" if remeasure else ""))
     calls = CallLog(out)
     if budget is not None:
-        budget_history(budget, store, calls, points)
+        budget_history(budget, store, calls, points, compiled_kinds() if engine_name == "vllm" else ())
     call = calls.begin(point_id(anchor) if anchor else None, remeasure) if todo else None
     if call is not None and budget is not None:
         call["time_budget_s"] = budget.seconds
     runs = [(anchor, anchor_store(out, call))] if remeasure else []
     runs += [(p, store) for p in todo]
+    by_id = {point_id(p): p for p, _ in runs}
     t0 = time.perf_counter()
     failed = 0
     stop: dict[str, Any] = {}
@@ -233,6 +235,8 @@ def run(cfg: DictConfig) -> int:
             for s in _execute(runs, int(c.get("jobs", 1)), budget, stop):
                 failed += s["status"] != "ok"
                 calls.finished(call, s["point_id"])
+                if engine_name == "vllm" and s["status"] == "ok":     # its graphs are in vLLM's caches now
+                    note_compiled([compile_key(by_id[s["point_id"]])])
                 bar.update(task, advance=1, description=f"{s['point_id'][:60]:<60}")
     except KeyboardInterrupt:
         done = sum(1 for _ in store.summaries())
@@ -300,11 +304,13 @@ def server_key(p: dict[str, Any]) -> tuple:
     return (p["gmu"], p.get("draft") or "", p["strategy"], p["max_num_seqs"], p["max_model_len"])
 
 
-def budget_history(budget: TimeBudget, store: Store, calls: CallLog, points: list[dict[str, Any]]) -> None:
+def budget_history(budget: TimeBudget, store: Store, calls: CallLog, points: list[dict[str, Any]],
+                   compiled: Iterable[tuple] = ()) -> None:
     """What the folder tells the budget: the timings of its finished points and anchors, oldest first (how long
     a warm and a cold server start take; the latest run, for the command's first point), and which kinds of
     server this host (same boot) started and ran a point on in earlier commands, whose compiled graphs its
-    caches still hold."""
+    caches still hold. ``compiled``: kinds whose graphs the caches hold by their note
+    (:func:`harness.compile_cache.compiled_kinds`), e.g. restored from another host; warm too."""
     summaries = list(store.summaries())
     for anchors in sorted((store.root / "anchors").glob("call-*")):
         summaries += list(Store(anchors).summaries())
@@ -315,6 +321,7 @@ def budget_history(budget: TimeBudget, store: Store, calls: CallLog, points: lis
     by_id = {point_id(p): p for p in points}
     budget.warm |= {compile_key(by_id[i]) for call in calls.calls if boot and call.get("boot_id") == boot
                     for i in call.get("points", []) if i in by_id and i in ok}
+    budget.warm |= {tuple(k) for k in compiled}
 
 
 def _execute(runs: list[tuple[dict[str, Any], Store]], jobs: int, budget: TimeBudget | None = None,

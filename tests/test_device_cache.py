@@ -1,8 +1,9 @@
 """The compile-cache carrier between GPU hosts (results/h200-kernel-speed/device/cache.sh), run here on fake
 caches: a snapshot cut into parts, brought back over several calls within what a call may return, collected
 into the checkout's part folders, stashed and restored on a "fresh host" (another HOME and /tmp) byte for byte;
-a corrupt or missing part is refused, not unpacked; a newer snapshot replaces an older one only once all its
-parts are here; a restored host sends nothing back until it compiles something new."""
+a corrupt or missing part is refused, not unpacked; a host's later snapshot holds only the files new since its
+last pack or restore, so a restored host sends nothing back until it compiles something new, and then only
+that."""
 from __future__ import annotations
 
 import os
@@ -80,13 +81,13 @@ def test_a_snapshot_travels_in_parts_within_each_call_s_limits_and_comes_back_by
     a = Host(tmp_path, "host-a")
     files = _caches(a.home, seed=1)
     said, out = a.call("pack", results=5)            # an e2e call: 5 files of its own, room for 3 more
-    assert re.search(r"snapshot \w+: 4 MiB in 4 part\(s\)", said), said
+    assert re.search(r"snapshot \w+: 3 new file\(s\), 4 MiB, in 4 part\(s\)", said), said
     assert len(list(out.rglob("*.part"))) == 3 and len([f for f in out.rglob("*") if f.is_file()]) == 8
     assert "1 of 4" not in said and "3 of 4 part(s) here" in said and "missing 03" in said
     said, out = a.call("out")                        # a call of its own: the part left
     assert "4 of 4 part(s) here" in said and "missing" not in said
     said, _ = a.call("pack")                         # nothing new compiled: nothing to send
-    assert "unchanged" in said and "every part sent" in said
+    assert "unchanged" in said and "every part of this host's snapshots sent" in said
 
     b = Host(tmp_path, "host-b")
     assert "none stashed" in b.run("restore")
@@ -99,42 +100,47 @@ def test_a_snapshot_travels_in_parts_within_each_call_s_limits_and_comes_back_by
     assert "unchanged" in said and not (out / "devcache").exists()
 
 
-def test_a_corrupt_or_missing_part_is_refused_and_an_older_snapshot_stays_until_a_newer_one_is_whole(tmp_path):
+def test_a_later_snapshot_holds_only_the_new_files_and_a_corrupt_or_missing_part_is_refused(tmp_path):
     a = Host(tmp_path, "host-a")
     _caches(a.home, seed=2)
     a.call("pack", results=5)
     a.call("out")
     old = _snapshot_folders(tmp_path)
     assert len(old) == 4
-    # another strategy compiles: a new snapshot, of which the first call brings back only some parts
-    (a.home / ".cache/vllm/torch_compile_cache/fb6e831b3f").mkdir(parents=True)
-    (a.home / ".cache/vllm/torch_compile_cache/fb6e831b3f/x").write_bytes(random.Random(3).randbytes(MiB))
+    # another strategy compiles: a snapshot of its files alone, of which the first call brings back only some
+    new = a.home / ".cache/vllm/torch_compile_cache/fb6e831b3f/x"
+    new.parent.mkdir(parents=True)
+    new.write_bytes(random.Random(3).randbytes(2 * MiB))
     said, out = a.call("pack", results=1, OUT_MIB="2")       # here the MiB bind, not the files
     back = [f for f in out.rglob("*") if f.is_file()]
     assert sum(f.stat().st_size for f in back) <= 2 * MiB and len(back) < 8
-    assert "of 5 part(s) here" in said and "missing" in said
-    assert set(old) <= set(_snapshot_folders(tmp_path))     # the complete older one is kept
+    assert "1 new file(s), 2 MiB, in 3 part(s)" in said and "2 of 3 part(s) here" in said and "missing 01:" in said
+    assert set(old) <= set(_snapshot_folders(tmp_path))     # the older one is kept
 
     b = Host(tmp_path, "host-b")                              # a host that gets the parts so far
     b.run("stash")
-    assert "restored in" in b.run("restore")                  # the newest whole snapshot: the older one
-    assert not (b.home / ".cache/vllm/torch_compile_cache/fb6e831b3f").exists()
+    said = b.run("restore")
+    assert said.count("restored in") == 1 and "2 of 3 parts stashed" in said    # the whole one only
+    assert not (b.home / new.relative_to(a.home)).exists()
 
     said, _ = a.call("out")
-    assert "5 of 5 part(s) here" in said
-    assert not set(old) & set(_snapshot_folders(tmp_path))   # now the older one is of no more use
-
+    assert "3 of 3 part(s) here" in said and set(old) <= set(_snapshot_folders(tmp_path))
+    assert "kept, it holds files" in said                    # the newer one, now whole, lacks its files
     c = Host(tmp_path, "host-c")
     c.run("stash")
-    stash = sorted((tmp_path / "host-c" / "stash").glob("*.part"))
-    data = bytearray(stash[1].read_bytes())
+    assert c.run("restore").count("restored in") == 2               # oldest first: the whole cache again
+    assert (c.home / new.relative_to(a.home)).read_bytes() == new.read_bytes()
+
+    e = Host(tmp_path, "host-e")
+    e.run("stash")
+    stash = sorted((tmp_path / "host-e" / "stash").glob("*.part"))
+    data = bytearray(stash[1].read_bytes())                         # a part of the older snapshot
     data[100] ^= 0xFF
     stash[1].write_bytes(bytes(data))
-    said = c.run("restore")
-    assert "checksum mismatch" in said and "no complete snapshot" in said
-    assert not (c.home / ".cache").exists()
-    stash[1].unlink()
-    assert "4 of 5 parts stashed" in c.run("restore")
+    stash[-1].unlink()                                               # and one of the newer one goes missing
+    said = e.run("restore")
+    assert "checksum mismatch" in said and "2 of 3 parts stashed" in said and "no complete snapshot" in said
+    assert not (e.home / ".cache").exists()
 
 
 def test_a_host_that_compiled_without_restoring_adds_its_snapshot_beside_the_older_one_and_both_restore(tmp_path):
@@ -158,3 +164,32 @@ def test_a_host_that_compiled_without_restoring_adds_its_snapshot_beside_the_old
     assert (d.home / mine.relative_to(c.home)).read_bytes() == mine.read_bytes()
     for rel, data in files.items():
         assert (d.home / rel).read_bytes() == data, rel
+
+
+def test_a_host_that_restored_and_compiled_one_more_strategy_sends_only_what_it_compiled(tmp_path):
+    """The restored files are in a snapshot already: host b's own holds its new strategy and the file it grew
+    (vLLM's and the sweep's notes are rewritten, not only added), and a later host restores both, the newer last."""
+    a = Host(tmp_path, "host-a")
+    files = _caches(a.home, seed=6)
+    a.call("pack")
+    b = Host(tmp_path, "host-b")
+    b.run("stash")
+    b.run("restore")
+    mine = b.home / ".cache/vllm/torch_compile_cache/fb6e831b3f/x"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(random.Random(7).randbytes(MiB // 2))
+    grown = b.home / ".cache/vllm/modelinfos/qwen3_5.json"
+    grown.write_bytes(b'{"ok": true, "more": true}')
+    said, out = b.call("pack")
+    assert "2 new file(s)" in said and len(list(out.rglob("*.part"))) == 1
+    said, out = b.call("pack")
+    assert "unchanged" in said and "every part of this host's snapshots sent" in said
+    assert not (out / "devcache").exists()
+    d = Host(tmp_path, "host-d")
+    d.run("stash")
+    assert d.run("restore").count("restored in") == 2
+    assert (d.home / mine.relative_to(b.home)).read_bytes() == mine.read_bytes()
+    assert (d.home / grown.relative_to(b.home)).read_bytes() == grown.read_bytes()
+    for rel, data in files.items():
+        if not rel.endswith("qwen3_5.json"):
+            assert (d.home / rel).read_bytes() == data, rel

@@ -78,8 +78,10 @@ def _cleanup():
 def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     """CI's sweep: tiny model, two load levels, store_all and treewy, through the real server."""
     out = tmp_path / "sweep"
+    cache = tmp_path / "vllm-cache"       # vLLM's cache root, for this sweep alone
     proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", "sweep=ci_vllm", f"out={out}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"VLLM_CACHE_ROOT": str(cache)})
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in out.glob("points/*/summary.json")]
@@ -110,6 +112,9 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     html = (out / "report.html").read_text()
     assert "engine: vllm" in html and (out / "report.pdf").stat().st_size > 10_000
     assert not tagged_processes(f"commitbench-{proc.pid}-")
+    # The note beside vLLM's caches names both kinds of server, so a host restoring them starts both warm.
+    from harness.compile_cache import compiled_kinds
+    assert compiled_kinds(cache) == {("chain:3", "store_all"), ("chain:3", "treewy")}
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two tensor-parallel CPU workers need two cores")

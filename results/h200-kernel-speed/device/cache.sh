@@ -8,14 +8,16 @@
 # one host serves the next. The caches change what a start compiles, not what a run measures.
 #
 # It is ~250 MiB per strategy compiled, and what comes back from a call is at most 8 files of 16 MiB, 64 MiB
-# in all (../../../../.library/device/README.md, "Limits"), so it travels as a snapshot: the whole cache as one
-# gzip archive cut into parts of PART_MIB, each part named cc-<snapshot>-<NN>of<TT>-<sha256 of the archive>.part
-# (the name is the manifest: no file of its own).
-#   host:  cache.sh pack          where the cache changed since this host's last pack or restore, snapshot it
-#                                 into /tmp/devcache-out, then bring back what fits of its parts not sent yet
-#                                 into $OUT/devcache/ (e2e.sh calls it last, within the call's time left)
-#          cache.sh out [NN..]    bring back more parts of the host's snapshot (all not sent yet by default;
-#                                 a call of its own, seconds, while that host is still up)
+# in all (../../../../.library/device/README.md, "Limits"), so it travels as snapshots: each the files new on a
+# host since its last pack or restore (on a fresh host, all; on one that restored, only what it compiled since),
+# as one gzip archive cut into parts of PART_MIB, each part named cc-<snapshot>-<NN>of<TT>-<sha256 of the
+# archive>.part (the name is the manifest: no file of its own). Restoring every snapshot, oldest first, rebuilds
+# the whole cache; a host that compiles one more strategy sends ~50 MiB, not the whole cache again.
+#   host:  cache.sh pack          where files are new since this host's last pack or restore, snapshot them
+#                                 into /tmp/devcache-out, then bring back what fits of its snapshots' parts not
+#                                 sent yet into $OUT/devcache/ (e2e.sh calls it last, within the call's time left)
+#          cache.sh out [NN..]    bring back more parts (of every snapshot, all not sent yet by default; NN: of
+#                                 the newest) - a call of its own, seconds, while that host is still up
 #   here:  cache.sh collect DIR   move DIR/devcache/*.part (a call's files_at) into .devcache/<snapshot>-<NN>/,
 #                                 one folder per part to carry; drops an older snapshot once a newer complete one
 #                                 holds all its files, keeps one still arriving, and lists what is missing
@@ -29,16 +31,17 @@ shopt -s nullglob
 PART_MIB=${PART_MIB:-15}                       # < 16 MiB: a bigger file does not come back
 OUT_FILES=${OUT_FILES:-8}                      # files back from one call, at most
 OUT_MIB=${OUT_MIB:-62}                         # MiB back from one call, at most (the limit is 64)
-PACK=${DEVCACHE_PACK:-/tmp/devcache-out}       # the host's snapshot: PACK/current, PACK/<snapshot>/
+PACK=${DEVCACHE_PACK:-/tmp/devcache-out}       # the host's snapshots: PACK/<snapshot>/, PACK/current (newest),
+                                               # PACK/base (the files already in a snapshot: packed or restored)
 STASH=${DEVCACHE_STASH:-/tmp/devcache-parts}   # the host's carried parts
 HERE=${DEVCACHE:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)/.devcache}   # the checkout's parts
 DIRS=(.cache/vllm .triton/cache)
 
 present() { for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && echo "$x"; done; }   # the cache folders this host has
-# a listing of the caches' files and sizes: equal listings, equal caches (the files are written once)
-signature() { local d; mapfile -t d < <(present)
-  [ ${#d[@]} -gt 0 ] || { echo none; return; }
-  (cd ~ && find "${d[@]}" -type f -printf '%p %s\n' | LC_ALL=C sort) | sha256sum | cut -c1-16; }
+# the caches' files, one "path<TAB>size" per line, sorted (the files are written once: a new line, a new file)
+listing() { local d; mapfile -t d < <(present); [ ${#d[@]} -gt 0 ] || return 0
+  (cd ~ && find "${d[@]}" -type f -printf '%p\t%s\n' | LC_ALL=C sort); }
+host_snapshots() { local d; for d in "$PACK"/2*Z; do [ -d "$d" ] && basename "$d"; done | LC_ALL=C sort; }
 # a part's name: cc-<snapshot>-<NN>of<TT>-<sha>.part; field 2 the snapshot, 3 NNofTT, 4 the sha
 field() { basename "$1" .part | cut -d- -f"$2"; }
 total() { echo $((10#$(field "$1" 3 | cut -c5-))); }          # how many parts the snapshot of part $1 has
@@ -58,44 +61,47 @@ send() {                                       # send PART...: copy what fits th
   if [ ${#left[@]} -gt 0 ]; then echo "  next: a call running 'bash results/h200-kernel-speed/device/cache.sh out'"; fi
 }
 
-send_unsent() {                                # send_unsent ID: the parts of snapshot ID not sent yet
-  local todo=() f; for f in "$PACK/$1"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done
-  if [ ${#todo[@]} -eq 0 ]; then echo "compile cache snapshot $1: every part sent"; else send "${todo[@]}"; fi
+send_unsent() {                                # send_unsent ID...: the parts of snapshots ID not sent yet
+  local todo=() f id; for id in "$@"; do for f in "$PACK/$id"/*.part; do [ -f "$f.sent" ] || todo+=("$f"); done; done
+  if [ ${#todo[@]} -eq 0 ]; then echo "compile cache: every part of this host's snapshots sent"; else send "${todo[@]}"; fi
 }
 
 case "${1:-}" in
 pack)
-  rm -rf "$PACK"/.new-*
-  sig=$(signature)
-  [ "$sig" != none ] || { echo "compile cache: none on this host"; exit 0; }
-  if [ "$(cat "$PACK/signature" 2>/dev/null)" != "$sig" ]; then
+  rm -rf "$PACK"/.new-*; mkdir -p "$PACK"; touch "$PACK/base"
+  listing > "$PACK/.now"
+  [ -s "$PACK/.now" ] || { echo "compile cache: none on this host"; exit 0; }
+  LC_ALL=C comm -23 "$PACK/.now" "$PACK/base" > "$PACK/.delta"
+  if [ -s "$PACK/.delta" ]; then
     t0=$(date +%s); id=$(date -u +%Y%m%dT%H%M%S%NZ); tmp=$PACK/.new-$id; mkdir -p "$tmp"
-    mapfile -t d < <(present)
-    tar -cf - -C ~ "${d[@]}" | gzip -1 | split -b "${PART_MIB}M" -d -a 2 - "$tmp/p-"
+    cut -f1 "$PACK/.delta" > "$PACK/.files"
+    tar -cf - -C ~ --verbatim-files-from -T "$PACK/.files" | gzip -1 | split -b "${PART_MIB}M" -d -a 2 - "$tmp/p-"
     sha=$(cat "$tmp"/p-* | sha256sum | cut -d' ' -f1); p=("$tmp"/p-*); tt=$(printf %02d ${#p[@]})
     for f in "${p[@]}"; do mv "$f" "$tmp/cc-$id-${f##*p-}of$tt-$sha.part"; done
-    old=$(cat "$PACK/current" 2>/dev/null || true)
-    mv "$tmp" "$PACK/$id" && echo "$id" > "$PACK/current" && echo "$sig" > "$PACK/signature"
-    [ -z "$old" ] || rm -rf "${PACK:?}/$old"
-    echo "compile cache snapshot $id: $(du -smc "${d[@]/#/$HOME/}" | tail -1 | cut -f1) MiB in ${#p[@]} part(s)" \
-         "of <= $PART_MIB MiB ($(du -sm "$PACK/$id" | cut -f1) MiB packed), $(( $(date +%s) - t0 )) s; by folder:"
-    (cd ~ && du -sm .cache/vllm/torch_compile_cache/* .cache/vllm/* .triton/cache 2>/dev/null | sort -rn | head -8 \
-      | sed 's/^/    /') || true                # du: a folder this host lacks is no error
+    mv "$tmp" "$PACK/$id" && echo "$id" > "$PACK/current"
+    LC_ALL=C sort -u "$PACK/base" "$PACK/.delta" -o "$PACK/base"
+    echo "compile cache snapshot $id: $(wc -l < "$PACK/.delta") new file(s)," \
+         "$(awk -F'\t' '{s += $2} END {printf "%.0f", s / 1048576}' "$PACK/.delta") MiB, in ${#p[@]} part(s)" \
+         "of <= $PART_MIB MiB ($(du -sm "$PACK/$id" | cut -f1) MiB packed), $(( $(date +%s) - t0 )) s; new by folder:"
+    cut -d/ -f1-4 "$PACK/.files" | LC_ALL=C sort | uniq -c | sort -rn | head -8 | sed 's/^/    /'
   else
     echo "compile cache unchanged since this host's last pack or restore"
   fi
-  id=$(cat "$PACK/current" 2>/dev/null || true)
-  [ -z "$id" ] || send_unsent "$id"           # none: restored and unchanged, nothing of this host's to send
+  # every snapshot of this host's not wholly sent yet; none where it restored and compiled nothing since
+  mapfile -t mine < <(host_snapshots)
+  [ ${#mine[@]} -eq 0 ] || send_unsent "${mine[@]}"
   ;;
+
 out)
-  shift; id=$(cat "$PACK/current" 2>/dev/null || true)
-  [ -n "$id" ] || { echo "cache.sh out: this host packed no snapshot (a fresh one, or one that restored and compiled nothing since)" >&2; exit 3; }
-  [ $# -gt 0 ] || { send_unsent "$id"; exit 0; }
-  todo=()
+  shift; mapfile -t mine < <(host_snapshots)
+  [ ${#mine[@]} -gt 0 ] || { echo "cache.sh out: this host packed no snapshot (a fresh one, or one that restored and compiled nothing since)" >&2; exit 3; }
+  [ $# -gt 0 ] || { send_unsent "${mine[@]}"; exit 0; }
+  id=${mine[-1]}; todo=()
   for n in "$@"; do f=("$PACK/$id"/cc-"$id"-"$n"of*.part)
     [ ${#f[@]} -eq 1 ] || { echo "cache.sh out: snapshot $id has no part $n" >&2; exit 3; }; todo+=("${f[0]}"); done
   send "${todo[@]}"
   ;;
+
 collect)
   src="${2:?cache.sh collect DIR: a call files_at folder}"/devcache
   if [ -z "${DEVCACHE:-}" ]; then              # the checkout's own .devcache: keep it out of git
@@ -138,7 +144,7 @@ restore)
   parts=("$STASH"/cc-*.part)
   [ ${#parts[@]} -gt 0 ] || { echo "compile cache: none stashed (a fresh host compiles every strategy)"; exit 0; }
   # every whole snapshot, oldest first: collect keeps an older one only where it holds files a newer one lacks
-  restored=0; earlier=0
+  restored=0; earlier=0; mkdir -p "$PACK"; listing > "$PACK/.before"
   for id in $(snapshots "${parts[@]}"); do
     [ -f "$STASH/restored-$id" ] && { earlier=$((earlier + 1)); continue; }
     mine=("$STASH"/cc-"$id"-*.part); tt=$(total "${mine[0]}"); sha=$(field "${mine[0]}" 4)
@@ -153,9 +159,8 @@ restore)
     echo "compile cache snapshot $id restored in $(( $(date +%s) - t0 )) s"
   done
   if [ $restored -gt 0 ]; then
-    # a host that packed its own snapshot before holds both now: its next pack is to take them together;
-    # else the next pack sends only where this host compiles something new
-    if [ -f "$PACK/current" ]; then rm -f "$PACK/signature"; else mkdir -p "$PACK" && signature > "$PACK/signature"; fi
+    # what the snapshots brought is in one already: the next pack sends only what this host compiles after
+    touch "$PACK/base"; LC_ALL=C comm -13 "$PACK/.before" <(listing) | LC_ALL=C sort -u - "$PACK/base" -o "$PACK/base"
     echo "compile cache: strategies' folders now here: $(ls ~/.cache/vllm/torch_compile_cache 2>/dev/null | tr '\n' ' ')"
   elif [ $earlier -gt 0 ]; then echo "compile cache: restored earlier on this host"
   else echo "compile cache: no complete snapshot stashed: not restored"; fi
