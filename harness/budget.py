@@ -13,9 +13,10 @@ A point's expected time is a run plus, where it starts a server, a start (MARGIN
   - the start (vLLM: a point whose :func:`harness.sweep.server_key` differs from the point before, or any point
     after a failed one, since a failure may have stopped the server). vLLM keeps its compiled graphs in a cache
     on the host, keyed by the draft and the plugin's page shape, so by strategy, not by gmu (``warm_key``). A
-    start of a kind this host has started before (in this command, or in an earlier one on the same boot:
-    ``warm``) loads them: as long as the shortest start seen (~90-105 s on the H200). Any other compiles: as
-    long as the longest start seen (250-310 s), in this command or the sweep's stored points. Where no start
+    start of a kind this host has started before (in this command, or in an earlier one on the same boot), or
+    whose graphs the caches hold by their note (restored from another host: :mod:`harness.compile_cache`),
+    loads them (``warm``): as long as the shortest start seen (~90-105 s on the H200). Any other compiles: as
+    long as the longest start seen (250-370 s), in this command or the sweep's stored points. Where no start
     is known at all, as long as the longest point seen.
 Only a point with no timing anywhere (a new folder's first) runs unestimated. Failed points teach nothing about
 how long a point takes and are not learnt from. An estimate can still be short; keep the host's own limit as

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # one call that only compiles, for a call too short for the campaign's anchor plus a cold start: restore the
-# carried compile caches, start STRATEGY's vLLM server once (one small point of the campaign's preset, gmu 0.9,
-# c32, into a scratch folder: no anchor, not a result) and pack what it compiled (cache.sh), so a later call
-# starts that strategy in ~90 s instead of 300-370 s. vLLM's cache key leaves out gmu and the load, so the
-# graphs serve every point of that strategy. STRATEGY "none": the no-speculation server (draft=none).
-# CALL_T0 and CALL_LIMIT as in e2e.sh. What it says, the point's log and its summary come back in $OUT.
+# carried compile caches, start STRATEGY's vLLM server once (for one small point of the campaign's preset, gmu
+# 0.9, c32, into a scratch folder, stopped once the server is healthy: nothing measured) and pack what it
+# compiled (cache.sh), so a later call starts that strategy in ~90 s instead of 300-370 s. vLLM's cache key
+# leaves out gmu and the load, so the graphs serve every point of that strategy. STRATEGY "none": the no-speculation server (draft=none).
+# CALL_T0 and CALL_LIMIT as in e2e.sh. What it says, the sweep's and the server's logs come back in $OUT.
 set -u
 S=${1:?precompile.sh STRATEGY: treewy, replay, treewy_deferred, store_all, or none (no speculation)}
 T0=${CALL_T0:-$(date +%s)}
@@ -15,15 +15,28 @@ source results/h200-kernel-speed/device/env.sh
 bash results/h200-kernel-speed/device/cache.sh restore
 if [ "$S" = none ]; then args=("strategy=[store_all]" "draft=[none]" baseline=store_all)
 else args=("strategy=[$S]" "draft=[chain:3]" "baseline=$S"); fi
-# the pack needs ~10 s for ~50 MiB; a start cut short still leaves what torch.compile wrote, so pack regardless
-left=$(( LIMIT - 25 - ($(date +%s) - T0) ))
-timeout "$left" python3 -m harness sweep sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl \
+# Once vLLM is healthy its graphs are compiled, captured and in the caches: note the kind beside them (the
+# budget of a host that restores them then expects a warm start), stop the sweep (SIGINT: it stops its server
+# and keeps nothing half-run) and pack. No health within the call: pack anyway, torch.compile's part is written.
+[ "$S" = none ] && kind='["", "store_all"]' || kind="[\"chain:3\", \"$S\"]"
+deadline=$(( T0 + LIMIT - 25 ))
+python3 -m harness sweep sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl \
    "gmu=[0.9]" "concurrency=[32]" "${args[@]}" anchor=null report=false "out=/tmp/precompile-$S" \
-   > "$OUT/precompile-$S.log" 2>&1
-rc=$?
-echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (limit $left s)"; tr '\r' '\n' < "$OUT/precompile-$S.log" | grep -E "starting vLLM|ready|ran |failed" | tail -5
-# its summary (the server start's seconds, graph mode, GDN path): one file, so 4 parts still fit the 8 back
-cp /tmp/precompile-"$S"/points/*/summary.json "$OUT/precompile-$S-summary.json" 2>/dev/null
+   > "$OUT/precompile-$S.log" 2>&1 &
+pid=$!
+healthy=0
+while kill -0 $pid 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do
+  if grep -q "vLLM healthy after" "$OUT/precompile-$S.log"; then healthy=1; break; fi
+  sleep 2
+done
+kill -INT $pid 2>/dev/null
+for _ in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+kill -KILL $pid 2>/dev/null
+if [ $healthy = 1 ]; then
+  python3 -c "import json, sys; from harness.compile_cache import note_compiled; note_compiled([tuple(json.loads(sys.argv[1]))])" "$kind"
+fi
+echo "[$(( $(date +%s) - T0 ))s] $(grep -o "vLLM healthy after [0-9]* s" "$OUT/precompile-$S.log" || echo "no healthy vLLM within the call")"
+cp /tmp/precompile-"$S"/engine-logs/*.log "$OUT/precompile-$S-vllm.log" 2>/dev/null   # one file: 4 parts still fit
 left=$(( LIMIT - 8 - ($(date +%s) - T0) ))
 if [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"
