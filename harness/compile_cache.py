@@ -1,20 +1,36 @@
-"""What vLLM's compile caches on this host hold, as the sweep notes it: the kinds of server (compile keys,
-:func:`harness.sweep.compile_key`: draft and strategy) that finished a point with these caches in place.
+"""What vLLM's compile caches on this host hold, as the sweep notes it: the kinds of server that started with
+these caches in place and finished a point (or, in ``precompile.sh``, got healthy).
 
-The note lives in vLLM's cache root beside the graphs, so it travels with them: a host that restores another
-host's caches (results/h200-kernel-speed/device/cache.sh) has that host's note, and its time budget expects
-those kinds to start warm (~90 s on the H200) instead of compiling (250-370 s). It only schedules: a wrong note
-makes an estimate short or long, never a result different.
+A kind is what decides the graphs a start compiles (:func:`compile_key`: the draft and the strategy, whose
+page shape is in vLLM's cache key) for one model and graph mode. The note lives in vLLM's cache root beside the
+graphs, one small file per kind, so it travels with them and two hosts' notes merge by copying: a host that
+restores other hosts' caches (results/h200-kernel-speed/device/cache.sh) has their notes, and its time budget
+expects those kinds to start warm (~90 s on the H200) instead of compiling (250-370 s). It only schedules: a
+wrong note makes an estimate short or long, never a result different.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
-NOTE = "commitbench-compiled-kinds.json"    # a JSON list of [draft, strategy] pairs
+NOTES = "commitbench-compiled-kinds"    # a folder in vLLM's cache root: <sha1 of the kind>.json per kind
+
+
+def compile_key(p: dict[str, Any]) -> tuple:
+    """What decides the graphs a vLLM start compiles: the draft (the MTP head or none) and the strategy (the
+    plugin's page shape). Not gmu: vLLM leaves gpu_memory_utilization out of its compile-cache hash."""
+    return (p.get("draft") or "", p["strategy"])
+
+
+def _scope(p: dict[str, Any]) -> dict[str, Any]:
+    """The rest of what a kind's graphs depend on that a sweep can vary: the model and the graph mode."""
+    return {"model": (p.get("model") or {}).get("name"),
+            "enforce_eager": bool((p.get("engine") or {}).get("enforce_eager"))}
 
 
 def vllm_cache_root() -> Path:
@@ -25,30 +41,37 @@ def vllm_cache_root() -> Path:
     return Path(root).expanduser()
 
 
-def compiled_kinds(root: Path | None = None) -> set[tuple[str, str]]:
-    """The kinds the note in ``root`` (vLLM's cache root) names; none where there is no readable note."""
-    try:
-        rows = json.loads(((root or vllm_cache_root()) / NOTE).read_text())
-    except (OSError, ValueError):
-        return set()
-    if not isinstance(rows, list):
-        return set()
-    return {(r[0], r[1]) for r in rows
-            if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)}
+def note_compiled(points: Iterable[dict[str, Any]], root: Path | None = None) -> None:
+    """Note each point's kind in ``root`` (vLLM's cache root), after its server started there. A kind's file
+    is written once, whole (a temporary file renamed), so concurrent writers and readers never see half a note."""
+    folder = (root or vllm_cache_root()) / NOTES
+    for p in points:
+        kind = {**_scope(p), "draft": compile_key(p)[0], "strategy": compile_key(p)[1]}
+        text = json.dumps(kind, sort_keys=True)
+        path = folder / (hashlib.sha1(text.encode()).hexdigest()[:16] + ".json")
+        if path.exists():
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError:
+            pass        # a read-only cache root: the budget then counts only this boot's starts as warm
 
 
-def note_compiled(kinds: Iterable[tuple[str, str]], root: Path | None = None) -> None:
-    """Add ``kinds`` to the note in ``root``, after their points finished. Rewritten only when it grows, so an
-    unchanged cache keeps its file listing (cache.sh packs a new snapshot only when that changes)."""
-    root = root or vllm_cache_root()
-    have = compiled_kinds(root)
-    new = have | {tuple(k) for k in kinds}
-    if new == have:
-        return
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / (NOTE + ".tmp")
-        tmp.write_text(json.dumps(sorted(list(k) for k in new)))
-        tmp.replace(root / NOTE)
-    except OSError:
-        pass        # a read-only cache root: the budget then counts only this boot's starts as warm
+def compiled_kinds(p: dict[str, Any], root: Path | None = None) -> set[tuple]:
+    """The kinds (:func:`compile_key`) noted in ``root`` for point ``p``'s model and graph mode; an unreadable
+    note counts as none."""
+    scope = _scope(p)
+    found = set()
+    for path in ((root or vllm_cache_root()) / NOTES).glob("*.json"):
+        try:
+            kind = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (isinstance(kind, dict) and all(kind.get(k) == v for k, v in scope.items())
+                and isinstance(kind.get("draft"), str) and isinstance(kind.get("strategy"), str)):
+            found.add((kind["draft"], kind["strategy"]))
+    return found

@@ -20,7 +20,7 @@ import strategies
 from .anchor import CallLog, anchor_store, boot_id
 from .anchor import pick as pick_anchor
 from .budget import TimeBudget, process_age_s
-from .compile_cache import compiled_kinds, note_compiled
+from .compile_cache import compile_key, compiled_kinds, note_compiled
 from .config import compose, conf_dir, parse_draft
 from .point import close_engines, point_id, run_point
 from .store import Store
@@ -218,7 +218,8 @@ def run(cfg: DictConfig) -> int:
                   + (f"; anchor {point_id(anchor)} measured again first" if remeasure else ""))
     calls = CallLog(out)
     if budget is not None:
-        budget_history(budget, store, calls, points, compiled_kinds() if engine_name == "vllm" else ())
+        budget_history(budget, store, calls, points,
+                       compiled_kinds(points[0]) if engine_name == "vllm" and points else ())
     call = calls.begin(point_id(anchor) if anchor else None, remeasure) if todo else None
     if call is not None and budget is not None:
         call["time_budget_s"] = budget.seconds
@@ -236,7 +237,7 @@ def run(cfg: DictConfig) -> int:
                 failed += s["status"] != "ok"
                 calls.finished(call, s["point_id"])
                 if engine_name == "vllm" and s["status"] == "ok":     # its graphs are in vLLM's caches now
-                    note_compiled([compile_key(by_id[s["point_id"]])])
+                    note_compiled([by_id[s["point_id"]]])
                 bar.update(task, advance=1, description=f"{s['point_id'][:60]:<60}")
     except KeyboardInterrupt:
         done = sum(1 for _ in store.summaries())
@@ -293,12 +294,6 @@ def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_
     return out
 
 
-def compile_key(p: dict[str, Any]) -> tuple:
-    """What decides the graphs a vLLM start compiles: the draft (the MTP head or none) and the strategy (the
-    plugin's page shape). Not gmu: vLLM leaves gpu_memory_utilization out of its compile-cache hash."""
-    return (p.get("draft") or "", p["strategy"])
-
-
 def server_key(p: dict[str, Any]) -> tuple:
     """What decides a vLLM server's settings; points with equal keys reuse one server."""
     return (p["gmu"], p.get("draft") or "", p["strategy"], p["max_num_seqs"], p["max_model_len"])
@@ -309,7 +304,7 @@ def budget_history(budget: TimeBudget, store: Store, calls: CallLog, points: lis
     """What the folder tells the budget: the timings of its finished points and anchors, oldest first (how long
     a warm and a cold server start take; the latest run, for the command's first point), and which kinds of
     server this host (same boot) started and ran a point on in earlier commands, whose compiled graphs its
-    caches still hold. ``compiled``: kinds whose graphs the caches hold by their note
+    caches still hold. ``compiled``: kinds whose graphs the caches hold by their notes
     (:func:`harness.compile_cache.compiled_kinds`), e.g. restored from another host; warm too."""
     summaries = list(store.summaries())
     for anchors in sorted((store.root / "anchors").glob("call-*")):

@@ -253,10 +253,13 @@ def test_the_budget_learns_start_times_and_the_latest_run_from_the_folder_and_wa
 
 
 def test_the_note_beside_vllm_s_caches_makes_its_kinds_warm_for_the_budget(tmp_path, monkeypatch):
-    """A host that restored another's compile caches reads that host's note: those kinds start warm."""
-    from harness.budget import MARGIN, TimeBudget
+    """A host that restored other hosts' compile caches reads their notes: those kinds, for this model and
+    graph mode, start warm; notes merge by copying files; a torn one reads as none."""
+    import shutil as sh
+
     from harness.anchor import CallLog
-    from harness.compile_cache import NOTE, compiled_kinds, note_compiled, vllm_cache_root
+    from harness.budget import MARGIN, TimeBudget
+    from harness.compile_cache import NOTES, compiled_kinds, note_compiled, vllm_cache_root
     from harness.sweep import budget_history, compile_key, server_key
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vc"))
@@ -265,31 +268,34 @@ def test_the_note_beside_vllm_s_caches_makes_its_kinds_warm_for_the_budget(tmp_p
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert vllm_cache_root() == tmp_path / "xdg" / "vllm"          # where vLLM itself puts them
 
-    root = tmp_path / "cache"
-    assert compiled_kinds(root) == set()                            # no note: nothing known
-    note_compiled([("chain:3", "store_all")], root)
-    stamp = (root / NOTE).stat().st_mtime_ns
-    note_compiled([("chain:3", "store_all")], root)                 # nothing new: the file stays as it was
-    assert (root / NOTE).stat().st_mtime_ns == stamp
-    note_compiled([("", "treewy")], root)
-    assert compiled_kinds(root) == {("chain:3", "store_all"), ("", "treewy")}
-    (root / NOTE).write_text('{"not": "a list"')                    # a torn or foreign note reads as none
-    assert compiled_kinds(root) == set()
-    (root / NOTE).write_text(json.dumps([["chain:3", "replay"], [1, 2], "x"]))
-    assert compiled_kinds(root) == {("chain:3", "replay")}
-
-    def pt(strategy):
+    def pt(strategy, draft="chain:3", model="qwen35_35b", eager=False):
         return {"workload_name": "sharegpt", "gmu": 0.9, "load": {"kind": "closed", "concurrency": 128},
-                "draft": "chain:3", "strategy": strategy, "max_num_seqs": 256, "max_model_len": 4096,
-                "requests": 256}
+                "draft": draft, "strategy": strategy, "max_num_seqs": 256, "max_model_len": 4096,
+                "requests": 256, "model": {"name": model}, "engine": {"name": "vllm", "enforce_eager": eager}}
+
+    a, b = tmp_path / "host-a", tmp_path / "host-b"
+    assert compiled_kinds(pt("store_all"), a) == set()             # no note: nothing known
+    note_compiled([pt("store_all"), pt("store_all", model="tiny"), pt("treewy", eager=True)], a)
+    stamp = {f.name: f.stat().st_mtime_ns for f in (a / NOTES).iterdir()}
+    note_compiled([pt("store_all")], a)                             # known already: its file stays as it was
+    assert {f.name: f.stat().st_mtime_ns for f in (a / NOTES).iterdir()} == stamp
+    assert compiled_kinds(pt("treewy"), a) == {("chain:3", "store_all")}    # other models and graph modes apart
+    assert compiled_kinds(pt("treewy", model="tiny"), a) == {("chain:3", "store_all")}
+    note_compiled([pt("replay"), pt("store_all", draft=None)], b)
+    for f in (b / NOTES).iterdir():                                 # a restore copies host b's notes over a's
+        sh.copy(f, a / NOTES / f.name)
+    assert compiled_kinds(pt("treewy"), a) == {("chain:3", "store_all"), ("chain:3", "replay"), ("", "store_all")}
+    (a / NOTES / "torn.json").write_text('{"model": "qwen35_35b", "draft": ')
+    (a / NOTES / "foreign.json").write_text(json.dumps([["chain:3", "treewy"]]))
+    assert ("chain:3", "treewy") not in compiled_kinds(pt("treewy"), a)
 
     points = [pt("store_all"), pt("replay"), pt("treewy")]
-    b = TimeBudget(600, server_key, compile_key, clock=lambda: 0.0)
-    budget_history(b, Store(tmp_path / "s"), CallLog(tmp_path / "s"), points, compiled_kinds(root))
-    assert b.warm == {compile_key(points[1])}
-    b.start_times, b.last_run = [90.0, 300.0], (25.0, 256)
-    assert b.estimate(points[1]) == pytest.approx(MARGIN * (90.0 + 25.0))     # restored: a warm start
-    assert b.estimate(points[2]) == pytest.approx(MARGIN * (300.0 + 25.0))    # not in the note: it compiles
+    bud = TimeBudget(600, server_key, compile_key, clock=lambda: 0.0)
+    budget_history(bud, Store(tmp_path / "s"), CallLog(tmp_path / "s"), points, compiled_kinds(points[0], b))
+    assert bud.warm == {compile_key(points[1]), ("", "store_all")}
+    bud.start_times, bud.last_run = [90.0, 300.0], (25.0, 256)
+    assert bud.estimate(points[1]) == pytest.approx(MARGIN * (90.0 + 25.0))     # restored: a warm start
+    assert bud.estimate(points[2]) == pytest.approx(MARGIN * (300.0 + 25.0))    # not noted: it compiles
 
 
 def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_touches_nothing(tmp_path):

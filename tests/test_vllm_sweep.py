@@ -69,7 +69,9 @@ def _when_serving(action, delay_s: float) -> tuple[threading.Thread, list[int]]:
 
 
 @pytest.fixture(autouse=True)
-def _cleanup():
+def _cleanup(tmp_path, monkeypatch):
+    # vLLM's cache root, for each test alone: the sweep notes the kinds it started there (harness.compile_cache)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
     yield
     close_engines()
     _no_orphans(f"commitbench-{os.getpid()}-")
@@ -78,10 +80,9 @@ def _cleanup():
 def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     """CI's sweep: tiny model, two load levels, store_all and treewy, through the real server."""
     out = tmp_path / "sweep"
-    cache = tmp_path / "vllm-cache"       # vLLM's cache root, for this sweep alone
+    cache = tmp_path / "vllm-cache"       # vLLM's cache root for this test (the fixture sets it)
     proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", "sweep=ci_vllm", f"out={out}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"VLLM_CACHE_ROOT": str(cache)})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in out.glob("points/*/summary.json")]
@@ -112,9 +113,9 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     html = (out / "report.html").read_text()
     assert "engine: vllm" in html and (out / "report.pdf").stat().st_size > 10_000
     assert not tagged_processes(f"commitbench-{proc.pid}-")
-    # The note beside vLLM's caches names both kinds of server, so a host restoring them starts both warm.
+    # The notes beside vLLM's caches name both kinds of server, so a host restoring them starts both warm.
     from harness.compile_cache import compiled_kinds
-    assert compiled_kinds(cache) == {("chain:3", "store_all"), ("chain:3", "treewy")}
+    assert compiled_kinds(summaries[0]["config"], cache) == {("chain:3", "store_all"), ("chain:3", "treewy")}
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two tensor-parallel CPU workers need two cores")

@@ -23,24 +23,27 @@
 #                                 holds all its files, keeps one still arriving, and lists what is missing
 #   host:  cache.sh stash         in a call that carries .devcache/<snapshot>-<NN> folders: keep their parts in
 #                                 /tmp/devcache-parts (up to 3 parts per call beside the checkout)
-#          cache.sh restore       unpack into ~ every snapshot whose parts are all stashed and whose checksum
-#                                 holds, oldest first (e2e.sh calls it first; a missing or bad part costs a
-#                                 cold start of what that snapshot held)
+#          cache.sh restore       unpack into ~ the snapshots whose parts are all stashed and whose checksum
+#                                 holds, oldest first, up to the first that is not (a newer one waits for it,
+#                                 since it may replace the older one's files); e2e.sh calls it first; a missing
+#                                 or bad part costs a cold start of what that snapshot and the newer ones held
 set -euo pipefail
 shopt -s nullglob
 PART_MIB=${PART_MIB:-15}                       # < 16 MiB: a bigger file does not come back
 OUT_FILES=${OUT_FILES:-8}                      # files back from one call, at most
 OUT_MIB=${OUT_MIB:-62}                         # MiB back from one call, at most (the limit is 64)
 PACK=${DEVCACHE_PACK:-/tmp/devcache-out}       # the host's snapshots: PACK/<snapshot>/, PACK/current (newest),
-                                               # PACK/base (the files already in a snapshot: packed or restored)
+                                               # PACK/base (the files already in a snapshot: packed or restored,
+                                               # as listing() lists them)
 STASH=${DEVCACHE_STASH:-/tmp/devcache-parts}   # the host's carried parts
 HERE=${DEVCACHE:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)/.devcache}   # the checkout's parts
 DIRS=(.cache/vllm .triton/cache)
 
 present() { for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && echo "$x"; done; }   # the cache folders this host has
-# the caches' files, one "path<TAB>size" per line, sorted (the files are written once: a new line, a new file)
+# the caches' files, one "path<TAB>size<TAB>mtime" per line, sorted: a file written or rewritten is a new line
+# (cp -a and tar keep mtimes, so a restored file lists as it did on the host that packed it)
 listing() { local d; mapfile -t d < <(present); [ ${#d[@]} -gt 0 ] || return 0
-  (cd ~ && find "${d[@]}" -type f -printf '%p\t%s\n' | LC_ALL=C sort); }
+  (cd ~ && find "${d[@]}" -type f -printf '%p\t%s\t%T@\n' | LC_ALL=C sort); }
 host_snapshots() { local d; for d in "$PACK"/2*Z; do [ -d "$d" ] && basename "$d"; done | LC_ALL=C sort; }
 # a part's name: cc-<snapshot>-<NN>of<TT>-<sha>.part; field 2 the snapshot, 3 NNofTT, 4 the sha
 field() { basename "$1" .part | cut -d- -f"$2"; }
@@ -75,15 +78,17 @@ pack)
   if [ -s "$PACK/.delta" ]; then
     t0=$(date +%s); id=$(date -u +%Y%m%dT%H%M%S%NZ); tmp=$PACK/.new-$id; mkdir -p "$tmp"
     cut -f1 "$PACK/.delta" > "$PACK/.files"
-    tar -cf - -C ~ --verbatim-files-from -T "$PACK/.files" | gzip -1 | split -b "${PART_MIB}M" -d -a 2 - "$tmp/p-"
+    # a file gone since the listing (a temporary one) is no failure: tar says so and goes on (rc 1)
+    { tar -cf - -C ~ --ignore-failed-read --verbatim-files-from -T "$PACK/.files" || [ $? -eq 1 ]; } \
+      | gzip -1 | split -b "${PART_MIB}M" -d -a 2 - "$tmp/p-"
     sha=$(cat "$tmp"/p-* | sha256sum | cut -d' ' -f1); p=("$tmp"/p-*); tt=$(printf %02d ${#p[@]})
     for f in "${p[@]}"; do mv "$f" "$tmp/cc-$id-${f##*p-}of$tt-$sha.part"; done
     mv "$tmp" "$PACK/$id" && echo "$id" > "$PACK/current"
-    LC_ALL=C sort -u "$PACK/base" "$PACK/.delta" -o "$PACK/base"
+    LC_ALL=C sort -u "$PACK/base" "$PACK/.delta" > "$PACK/.base" && mv "$PACK/.base" "$PACK/base"
     echo "compile cache snapshot $id: $(wc -l < "$PACK/.delta") new file(s)," \
          "$(awk -F'\t' '{s += $2} END {printf "%.0f", s / 1048576}' "$PACK/.delta") MiB, in ${#p[@]} part(s)" \
          "of <= $PART_MIB MiB ($(du -sm "$PACK/$id" | cut -f1) MiB packed), $(( $(date +%s) - t0 )) s; new by folder:"
-    cut -d/ -f1-4 "$PACK/.files" | LC_ALL=C sort | uniq -c | sort -rn | head -8 | sed 's/^/    /'
+    (cut -d/ -f1-4 "$PACK/.files" | LC_ALL=C sort | uniq -c | sort -rn | head -8 | sed 's/^/    /') || true
   else
     echo "compile cache unchanged since this host's last pack or restore"
   fi
@@ -143,27 +148,33 @@ stash)
 restore)
   parts=("$STASH"/cc-*.part)
   [ ${#parts[@]} -gt 0 ] || { echo "compile cache: none stashed (a fresh host compiles every strategy)"; exit 0; }
-  # every whole snapshot, oldest first: collect keeps an older one only where it holds files a newer one lacks
-  restored=0; earlier=0; mkdir -p "$PACK"; listing > "$PACK/.before"
+  # whole snapshots, oldest first, up to the first that is not: a newer snapshot may rewrite an older one's files
+  # (and name kinds whose graphs are in the older one), so it is unpacked only after all older ones
+  restored=0; earlier=0; waiting=""; mkdir -p "$PACK"; listing > "$PACK/.before"
   for id in $(snapshots "${parts[@]}"); do
     [ -f "$STASH/restored-$id" ] && { earlier=$((earlier + 1)); continue; }
+    [ -z "$waiting" ] || { echo "compile cache snapshot $id: waits for $waiting"; continue; }
     mine=("$STASH"/cc-"$id"-*.part); tt=$(total "${mine[0]}"); sha=$(field "${mine[0]}" 4)
-    if [ ${#mine[@]} -ne "$tt" ]; then echo "compile cache snapshot $id: ${#mine[@]} of $tt parts stashed"; continue; fi
+    if [ ${#mine[@]} -ne "$tt" ]; then
+      echo "compile cache snapshot $id: ${#mine[@]} of $tt parts stashed"; waiting=$id; continue; fi
     if [ "$(cat "${mine[@]}" | sha256sum | cut -d' ' -f1)" != "$sha" ]; then
-      echo "compile cache snapshot $id: checksum mismatch, not restored"; continue; fi
+      echo "compile cache snapshot $id: checksum mismatch, not restored"; waiting=$id; continue; fi
     t0=$(date +%s); tmp=~/.devcache-unpack; rm -rf "$tmp" && mkdir -p "$tmp"
     # unpacked aside and copied in whole, so a failure leaves no half-written cache entry for vLLM to load
     if ! { cat "${mine[@]}" | tar xzf - -C "$tmp" && cp -a "$tmp"/. ~/; }; then
-      rm -rf "$tmp"; echo "compile cache snapshot $id: unpacking failed"; continue; fi
+      rm -rf "$tmp"; echo "compile cache snapshot $id: unpacking failed"; waiting=$id; continue; fi
     rm -rf "$tmp"; touch "$STASH/restored-$id"; restored=$((restored + 1))
     echo "compile cache snapshot $id restored in $(( $(date +%s) - t0 )) s"
   done
   if [ $restored -gt 0 ]; then
     # what the snapshots brought is in one already: the next pack sends only what this host compiles after
-    touch "$PACK/base"; LC_ALL=C comm -13 "$PACK/.before" <(listing) | LC_ALL=C sort -u - "$PACK/base" -o "$PACK/base"
+    touch "$PACK/base"
+    LC_ALL=C comm -13 "$PACK/.before" <(listing) | LC_ALL=C sort -u - "$PACK/base" > "$PACK/.base"
+    mv "$PACK/.base" "$PACK/base"
     echo "compile cache: strategies' folders now here: $(ls ~/.cache/vllm/torch_compile_cache 2>/dev/null | tr '\n' ' ')"
   elif [ $earlier -gt 0 ]; then echo "compile cache: restored earlier on this host"
-  else echo "compile cache: no complete snapshot stashed: not restored"; fi
+  elif [ -n "$waiting" ]; then echo "compile cache: nothing restored (from $waiting on, the snapshots wait for it)"
+  else echo "compile cache: nothing restored"; fi
   ;;
 *)
   echo "usage: cache.sh pack | out [NN...] | collect DIR | stash | restore" >&2; exit 2;;

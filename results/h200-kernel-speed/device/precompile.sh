@@ -21,7 +21,6 @@ else args=("strategy=[$S]" "draft=[chain:3]" "baseline=$S"); fi
 # Once vLLM is healthy its graphs are compiled, captured and in the caches: note the kind beside them (the
 # budget of a host that restores them then expects a warm start), stop the sweep (SIGTERM: it stops its server
 # and keeps nothing half-run; a background job of a script ignores SIGINT) and pack. No health within the call: pack anyway, torch.compile's part is written.
-[ "$S" = none ] && kind='["", "store_all"]' || kind="[\"chain:3\", \"$S\"]"
 deadline=$(( T0 + LIMIT - 25 ))
 scratch=${PRECOMPILE_SCRATCH:-/tmp/precompile-$S}
 "${PYTHON:-python3}" -m harness sweep "${sweep[@]}" "${args[@]}" anchor=null report=false "out=$scratch" \
@@ -35,11 +34,20 @@ done
 kill -TERM $pid 2>/dev/null
 for _ in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
 kill -KILL $pid 2>/dev/null
-if [ $healthy = 1 ]; then
-  "${PYTHON:-python3}" -c "import json, sys; from harness.compile_cache import note_compiled; note_compiled([tuple(json.loads(sys.argv[1]))])" "$kind"
+# a sweep killed before its handler stopped the server leaves it running in its own session: its tag finds it
+"${PYTHON:-python3}" -c "import os, signal, sys; from harness.engines.vllm.server import tagged_processes
+for p in tagged_processes(f'commitbench-{sys.argv[1]}-'): os.kill(p, signal.SIGKILL)" "$pid" 2>/dev/null || true
+if [ $healthy = 1 ]; then        # the kind as the sweep itself would note it (model, graph mode, draft, strategy)
+  "${PYTHON:-python3}" - "${sweep[@]}" "${args[@]}" "out=$scratch" <<'PY'
+import sys
+from omegaconf import OmegaConf
+from harness.compile_cache import note_compiled
+from harness.sweep import compose_sweep, point_configs
+note_compiled(point_configs(OmegaConf.to_container(compose_sweep(sys.argv[1:]), resolve=True))[:1])
+PY
 fi
 echo "[$(( $(date +%s) - T0 ))s] $(grep -o "vLLM healthy after [0-9]* s" "$OUT/precompile-$S.log" || echo "no healthy vLLM within the call")"
-cp "$scratch"/engine-logs/*.log "$OUT/precompile-$S-vllm.log" 2>/dev/null   # one file: 4 parts still fit
+cat "$scratch"/engine-logs/*.log > "$OUT/precompile-$S-vllm.log" 2>/dev/null   # one file: 4 parts still fit
 left=$(( LIMIT - 8 - ($(date +%s) - T0) ))
 if [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"
