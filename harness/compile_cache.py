@@ -11,6 +11,7 @@ wrong note makes an estimate short or long, never a result different.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -51,14 +52,17 @@ def note_compiled(points: Iterable[dict[str, Any]], root: Path | None = None) ->
         path = folder / (hashlib.sha1(text.encode()).hexdigest()[:16] + ".json")
         if path.exists():
             continue
+        tmp = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
-        except OSError:
-            pass        # a read-only cache root: the budget then counts only this boot's starts as warm
+        except OSError:     # a read-only or full cache root: the budget then counts only this boot's starts
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
 
 def compiled_kinds(p: dict[str, Any], root: Path | None = None) -> set[tuple]:

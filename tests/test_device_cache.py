@@ -204,6 +204,22 @@ def test_a_host_that_restored_and_compiled_one_more_strategy_sends_only_what_it_
     for rel, data in files.items():
         if not rel.endswith("qwen3_5.json"):
             assert (d.home / rel).read_bytes() == data, rel
+    # parts arrive over several calls: host e has b's newer snapshot whole first, a's older one a call later
+    e = Host(tmp_path, "host-e")
+    stash = tmp_path / "host-e" / "stash"
+    stash.mkdir()
+    parts = sorted((tmp_path / "checkout-devcache").rglob("*.part"))
+    older, newer = sorted({p.name.split("-")[1] for p in parts})
+    for p in parts:
+        if newer in p.name:
+            shutil.copy(p, stash)
+    assert e.run("restore").count("restored in") == 1
+    for p in parts:
+        if older in p.name:
+            shutil.copy(p, stash)
+    assert e.run("restore").count("restored in") == 1
+    assert (e.home / grown.relative_to(b.home)).read_bytes() == grown.read_bytes()    # not undone by the older
+    assert (e.home / mine.relative_to(b.home)).exists() and len(list(e.home.rglob("k.cubin"))) == 1
 
 
 PRECOMPILE = ROOT / "results" / "h200-kernel-speed" / "device" / "precompile.sh"

@@ -41,7 +41,7 @@ DIRS=(.cache/vllm .triton/cache)
 
 present() { for x in "${DIRS[@]}"; do [ -d ~/"$x" ] && echo "$x"; done; }   # the cache folders this host has
 # the caches' files, one "path<TAB>size<TAB>mtime" per line, sorted: a file written or rewritten is a new line
-# (cp -a and tar keep mtimes, so a restored file lists as it did on the host that packed it)
+# (tar keeps mtimes to the second; restore rebuilds the base from this host's own listing, so that is enough)
 listing() { local d; mapfile -t d < <(present); [ ${#d[@]} -gt 0 ] || return 0
   (cd ~ && find "${d[@]}" -type f -printf '%p\t%s\t%T@\n' | LC_ALL=C sort); }
 host_snapshots() { local d; for d in "$PACK"/2*Z; do [ -d "$d" ] && basename "$d"; done | LC_ALL=C sort; }
@@ -137,7 +137,7 @@ collect)
     mine=("$HERE/$id"-*/cc-*.part); tt=$(total "${mine[0]}"); missing=()
     for n in $(seq -f %02g 0 $((tt - 1))); do [ -d "$HERE/$id-$n" ] || missing+=("$n"); done
     echo "compile cache snapshot $id: ${#mine[@]} of $tt part(s) here, $(du -smc "$HERE/$id"-* | tail -1 | cut -f1) MiB" \
-         "${missing[*]:+(missing ${missing[*]}: 'cache.sh out' on the host that packed it, while it is up)}"
+         "${missing[*]:+(missing ${missing[*]}: 'cache.sh out' on the host that packed it, while it is up; once that host is gone, rm -rf $HERE/$id-*, since newer snapshots wait for it on restore)}"
   done
   ;;
 stash)
@@ -161,7 +161,9 @@ restore)
       echo "compile cache snapshot $id: checksum mismatch, not restored"; waiting=$id; continue; fi
     t0=$(date +%s); tmp=~/.devcache-unpack; rm -rf "$tmp" && mkdir -p "$tmp"
     # unpacked aside and copied in whole, so a failure leaves no half-written cache entry for vLLM to load
-    if ! { cat "${mine[@]}" | tar xzf - -C "$tmp" && cp -a "$tmp"/. ~/; }; then
+    # --update: where this host has a newer copy of a file (a newer snapshot restored in an earlier call, before
+    # this older one's parts were all here, or its own compile), that copy stays
+    if ! { cat "${mine[@]}" | tar xzf - -C "$tmp" && cp -a --update "$tmp"/. ~/; }; then
       rm -rf "$tmp"; echo "compile cache snapshot $id: unpacking failed"; waiting=$id; continue; fi
     rm -rf "$tmp"; touch "$STASH/restored-$id"; restored=$((restored + 1))
     echo "compile cache snapshot $id restored in $(( $(date +%s) - t0 )) s"

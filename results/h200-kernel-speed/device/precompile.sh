@@ -35,8 +35,13 @@ kill -TERM $pid 2>/dev/null
 for _ in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
 kill -KILL $pid 2>/dev/null
 # a sweep killed before its handler stopped the server leaves it running in its own session: its tag finds it
-"${PYTHON:-python3}" -c "import os, signal, sys; from harness.engines.vllm.server import tagged_processes
-for p in tagged_processes(f'commitbench-{sys.argv[1]}-'): os.kill(p, signal.SIGKILL)" "$pid" 2>/dev/null || true
+"${PYTHON:-python3}" - "$pid" <<'PY' || true
+import contextlib, os, signal, sys
+from harness.engines.vllm.server import tagged_processes
+for p in tagged_processes(f"commitbench-{sys.argv[1]}-"):
+    with contextlib.suppress(ProcessLookupError):     # one may exit with its parent before its turn
+        os.kill(p, signal.SIGKILL)
+PY
 if [ $healthy = 1 ]; then        # the kind as the sweep itself would note it (model, graph mode, draft, strategy)
   "${PYTHON:-python3}" - "${sweep[@]}" "${args[@]}" "out=$scratch" <<'PY'
 import sys
@@ -47,7 +52,8 @@ note_compiled(point_configs(OmegaConf.to_container(compose_sweep(sys.argv[1:]), 
 PY
 fi
 echo "[$(( $(date +%s) - T0 ))s] $(grep -o "vLLM healthy after [0-9]* s" "$OUT/precompile-$S.log" || echo "no healthy vLLM within the call")"
-cat "$scratch"/engine-logs/*.log > "$OUT/precompile-$S-vllm.log" 2>/dev/null   # one file: 4 parts still fit
+logs=("$scratch"/engine-logs/*.log)                       # one file back, so 4 parts still fit beside it
+[ -e "${logs[0]}" ] && cat "${logs[@]}" > "$OUT/precompile-$S-vllm.log"
 left=$(( LIMIT - 8 - ($(date +%s) - T0) ))
 if [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"
