@@ -47,7 +47,8 @@ def note_compiled(points: Iterable[dict[str, Any]], root: Path | None = None) ->
     is written once, whole (a temporary file renamed), so concurrent writers and readers never see half a note."""
     folder = (root or vllm_cache_root()) / NOTES
     for p in points:
-        kind = {**_scope(p), "draft": compile_key(p)[0], "strategy": compile_key(p)[1]}
+        draft, strategy = compile_key(p)
+        kind = {**_scope(p), "draft": draft, "strategy": strategy}
         text = json.dumps(kind, sort_keys=True)
         path = folder / (hashlib.sha1(text.encode()).hexdigest()[:16] + ".json")
         if path.exists():

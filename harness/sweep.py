@@ -218,8 +218,7 @@ def run(cfg: DictConfig) -> int:
                   + (f"; anchor {point_id(anchor)} measured again first" if remeasure else ""))
     calls = CallLog(out)
     if budget is not None:
-        budget_history(budget, store, calls, points,
-                       compiled_kinds(points[0]) if engine_name == "vllm" and points else ())
+        budget_history(budget, store, calls, points, compiled_kinds(points[0]) if engine_name == "vllm" else ())
     call = calls.begin(point_id(anchor) if anchor else None, remeasure) if todo else None
     if call is not None and budget is not None:
         call["time_budget_s"] = budget.seconds
@@ -316,7 +315,7 @@ def budget_history(budget: TimeBudget, store: Store, calls: CallLog, points: lis
     by_id = {point_id(p): p for p in points}
     budget.warm |= {compile_key(by_id[i]) for call in calls.calls if boot and call.get("boot_id") == boot
                     for i in call.get("points", []) if i in by_id and i in ok}
-    budget.warm |= {tuple(k) for k in compiled}
+    budget.warm |= set(compiled)
 
 
 def _execute(runs: list[tuple[dict[str, Any], Store]], jobs: int, budget: TimeBudget | None = None,

@@ -32,9 +32,8 @@ shopt -s nullglob
 PART_MIB=${PART_MIB:-15}                       # < 16 MiB: a bigger file does not come back
 OUT_FILES=${OUT_FILES:-8}                      # files back from one call, at most
 OUT_MIB=${OUT_MIB:-62}                         # MiB back from one call, at most (the limit is 64)
-PACK=${DEVCACHE_PACK:-/tmp/devcache-out}       # the host's snapshots: PACK/<snapshot>/, PACK/current (newest),
-                                               # PACK/base (the files already in a snapshot: packed or restored,
-                                               # as listing() lists them)
+PACK=${DEVCACHE_PACK:-/tmp/devcache-out}       # the host's snapshots: PACK/<snapshot>/, and PACK/base (the files
+                                               # already in a snapshot, packed or restored, as listing() lists them)
 STASH=${DEVCACHE_STASH:-/tmp/devcache-parts}   # the host's carried parts
 HERE=${DEVCACHE:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)/.devcache}   # the checkout's parts
 DIRS=(.cache/vllm .triton/cache)
@@ -83,7 +82,7 @@ pack)
       | gzip -1 | split -b "${PART_MIB}M" -d -a 2 - "$tmp/p-"
     sha=$(cat "$tmp"/p-* | sha256sum | cut -d' ' -f1); p=("$tmp"/p-*); tt=$(printf %02d ${#p[@]})
     for f in "${p[@]}"; do mv "$f" "$tmp/cc-$id-${f##*p-}of$tt-$sha.part"; done
-    mv "$tmp" "$PACK/$id" && echo "$id" > "$PACK/current"
+    mv "$tmp" "$PACK/$id"
     LC_ALL=C sort -u "$PACK/base" "$PACK/.delta" > "$PACK/.base" && mv "$PACK/.base" "$PACK/base"
     echo "compile cache snapshot $id: $(wc -l < "$PACK/.delta") new file(s)," \
          "$(awk -F'\t' '{s += $2} END {printf "%.0f", s / 1048576}' "$PACK/.delta") MiB, in ${#p[@]} part(s)" \

@@ -3,7 +3,8 @@
 # carried compile caches, start STRATEGY's vLLM server once (for one small point of the campaign's preset, gmu
 # 0.9, c32, into a scratch folder, stopped once the server is healthy: nothing measured) and pack what it
 # compiled (cache.sh), so a later call starts that strategy in ~90 s instead of 300-370 s. vLLM's cache key
-# leaves out gmu and the load, so the graphs serve every point of that strategy. STRATEGY "none": the no-speculation server (draft=none).
+# leaves out gmu and the load, so the graphs serve every point of that strategy. STRATEGY "none": the
+# no-speculation server (draft=none).
 # CALL_T0 and CALL_LIMIT as in e2e.sh. What it says, the sweep's and the server's logs come back in $OUT.
 set -u
 S=${1:?precompile.sh STRATEGY: treewy, replay, treewy_deferred, store_all, or none (no speculation)}
@@ -20,7 +21,8 @@ if [ "$S" = none ]; then args=("strategy=[store_all]" "draft=[none]" baseline=st
 else args=("strategy=[$S]" "draft=[chain:3]" "baseline=$S"); fi
 # Once vLLM is healthy its graphs are compiled, captured and in the caches: note the kind beside them (the
 # budget of a host that restores them then expects a warm start), stop the sweep (SIGTERM: it stops its server
-# and keeps nothing half-run; a background job of a script ignores SIGINT) and pack. No health within the call: pack anyway, torch.compile's part is written.
+# and keeps nothing half-run; a background job of a script ignores SIGINT) and pack. No health within the
+# call: pack anyway, torch.compile's part is written.
 deadline=$(( T0 + LIMIT - 25 ))
 scratch=${PRECOMPILE_SCRATCH:-/tmp/precompile-$S}
 "${PYTHON:-python3}" -m harness sweep "${sweep[@]}" "${args[@]}" anchor=null report=false "out=$scratch" \
