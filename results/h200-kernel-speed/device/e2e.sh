@@ -35,7 +35,9 @@ echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (budget ${BUDGET} s)"; tail -15 "$
 # the compile caches, for later hosts: where a strategy compiled in this call, a new snapshot in 15 MiB parts,
 # as many brought back beside the results as a call may return (`cache.sh collect <files_at>` here; calls of
 # `cache.sh out` bring the rest). Bounded by the call's time left, and after the results are in $OUT
+# CACHE_PACK=0 skips it: a new session's checkout holds only what git tracks, so the parts outlive only the
+# session that brought them back, and a session that keeps its one host has no use for them
 sz=$(du -smc ~/.cache/vllm ~/.triton/cache 2>/dev/null | tail -1 | cut -f1); echo "compile caches: ${sz:-?} MiB"
 left=$(( LIMIT - 15 - ($(date +%s) - T0) ))
-if [ "$left" -gt 10 ]; then timeout $left bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
+if [ "${CACHE_PACK:-1}" = 1 ] && [ "$left" -gt 10 ]; then timeout $left bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"

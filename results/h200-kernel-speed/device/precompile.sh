@@ -5,7 +5,7 @@
 # compiled (cache.sh), so a later call starts that strategy in ~90 s instead of 300-370 s. vLLM's cache key
 # leaves out gmu and the load, so the graphs serve every point of that strategy. STRATEGY "none": the
 # no-speculation server (draft=none).
-# CALL_T0 and CALL_LIMIT as in e2e.sh. What it says, the sweep's and the server's logs come back in $OUT.
+# CALL_T0, CALL_LIMIT and CACHE_PACK as in e2e.sh. What it says, the sweep's and the server's logs come back in $OUT.
 set -u
 S=${1:?precompile.sh STRATEGY: treewy, replay, treewy_deferred, store_all, or none (no speculation)}
 T0=${CALL_T0:-$(date +%s)}
@@ -57,5 +57,5 @@ echo "[$(( $(date +%s) - T0 ))s] $(grep -o "vLLM healthy after [0-9]* s" "$OUT/p
 logs=("$scratch"/engine-logs/*.log)                       # one file back, so 4 parts still fit beside it
 [ -e "${logs[0]}" ] && cat "${logs[@]}" > "$OUT/precompile-$S-vllm.log"
 left=$(( LIMIT - 8 - ($(date +%s) - T0) ))
-if [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
+if [ "${CACHE_PACK:-1}" = 1 ] && [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"
