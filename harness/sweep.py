@@ -210,15 +210,15 @@ def run(cfg: DictConfig) -> int:
     if engine_name == "vllm":
         if int(c.get("jobs", 1)) > 1:
             raise ValueError(f"jobs={c.get('jobs')}: engine=vllm points share one server and GPU; use jobs=1")
-    todo = run_order(todo, anchor, engine_name == "vllm")
+    calls = CallLog(out)
+    if budget is not None:
+        budget_history(budget, store, calls, points, compiled_kinds(points[0]) if engine_name == "vllm" else ())
+    todo = run_order(todo, anchor, engine_name == "vllm", grid=points, warm=budget.warm if budget else ())
     remeasure = anchor is not None and bool(todo) and store.status(point_id(anchor)) == "ok"
     console = make_console()
     console.print(f"[bold]sweep {c.get('sweep_name')}[/]: {len(points)} points, {len(points) - len(todo)} already "
                   f"in {out}, {len(todo)} to run (engine: {engine_name})"
                   + (f"; anchor {point_id(anchor)} measured again first" if remeasure else ""))
-    calls = CallLog(out)
-    if budget is not None:
-        budget_history(budget, store, calls, points, compiled_kinds(points[0]) if engine_name == "vllm" else ())
     call = calls.begin(point_id(anchor) if anchor else None, remeasure) if todo else None
     if call is not None and budget is not None:
         call["time_budget_s"] = budget.seconds
@@ -270,23 +270,29 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_server: bool) -> list[dict[str, Any]]:
+def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_server: bool,
+              grid: list[dict[str, Any]] | None = None, warm: Iterable[tuple] = ()) -> list[dict[str, Any]]:
     """The order a command runs its points in. The anchor first, so a call cut short by its time limit still
     has it (measured as a grid point the first time, again into anchors/ by every later command). On a shared
     server (vLLM) points with equal :func:`server_key` run back to back, one start per (gmu, draft, strategy),
     those of the anchor's server first, since the anchor has just started it; then servers with equal
     :func:`compile_key` back to back (those of the anchor's first), so each start after the first of its kind
-    loads vLLM's compiled graphs from the cache (~105 s on the H200 instead of 250-310 s). The kinds after the
-    anchor's, and the servers within a kind, keep the grid's order (its strategies and drafts as the config
-    lists them), so a campaign cut short has the first ones. The simulator keeps the grid's order throughout."""
+    loads vLLM's compiled graphs from the cache (~105 s on the H200 instead of 250-310 s). Next the kinds in
+    ``warm`` (compile keys whose graphs this host's caches hold: a start of theirs is cheap, so a call with little
+    time left still runs them), then the rest. Kinds, and servers within a kind, keep the order of ``grid`` (the
+    whole grid, done points included; default ``todo``): its strategies and drafts as the config lists them, so a
+    campaign cut short has the first ones, and a kind whose first points are done keeps its place rather than
+    moving behind kinds that come later in the config. The simulator keeps the grid's order throughout."""
     out = list(todo)
     if shared_server:
         first = server_key(anchor) if anchor is not None else None
-        warm = compile_key(anchor) if anchor is not None else None
-        kinds = {k: i for i, k in reversed(list(enumerate(compile_key(p) for p in out)))}     # first appearance
-        servers = {k: i for i, k in reversed(list(enumerate(server_key(p) for p in out)))}
-        out.sort(key=lambda p: (server_key(p) != first, compile_key(p) != warm, kinds[compile_key(p)],
-                                servers[server_key(p)]))
+        anchor_kind = compile_key(anchor) if anchor is not None else None
+        warm = set(warm)
+        ordered = list(grid if grid is not None else out) + out            # a todo point missing from grid goes last
+        kinds = {k: i for i, k in reversed(list(enumerate(compile_key(p) for p in ordered)))}  # first appearance
+        servers = {k: i for i, k in reversed(list(enumerate(server_key(p) for p in ordered)))}
+        out.sort(key=lambda p: (server_key(p) != first, compile_key(p) != anchor_kind, compile_key(p) not in warm,
+                                kinds[compile_key(p)], servers[server_key(p)]))
     if anchor is not None and anchor in out:
         out.remove(anchor)
         out.insert(0, anchor)

@@ -140,6 +140,29 @@ def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_
     assert run_order(grid[1:], anchor, shared_server=False)[0] == anchor
 
 
+def test_a_resumed_campaign_keeps_the_grids_kind_order_and_runs_the_hosts_warm_kinds_first():
+    # the eighth session's call 11: treewy's gmu 0.9 points done, its gmu 0.6 c256 left; replay comes later in
+    # the config, and its gmu 0.9 c128 point comes earlier in the grid than treewy's gmu 0.6 c256
+    from harness.sweep import compile_key, run_order
+
+    def pt(gmu, strategy, c):
+        return {"gmu": gmu, "strategy": strategy, "draft": "chain:3", "max_num_seqs": 256, "max_model_len": 4096,
+                "c": c}
+
+    grid = [pt(g, s, c) for g in (0.9, 0.6) for c in (128, 256) for s in ("store_all", "treewy", "replay")]
+    anchor = pt(0.9, "store_all", 128)
+    todo = [p for p in grid if p == anchor or p["strategy"] == "replay" or p == pt(0.6, "treewy", 256)]
+    order = lambda **kw: [(p["strategy"], p["gmu"], p["c"]) for p in run_order(todo, anchor, True, **kw)]
+    # the config's order: treewy before replay, although replay's first todo point comes first in todo
+    assert order(grid=grid)[:2] == [("store_all", 0.9, 128), ("treewy", 0.6, 256)]
+    # without the grid it falls back to todo's order (replay first)
+    assert order()[1][0] == "replay"
+    # a kind this host has compiled goes before one it has not, whatever the config's order
+    warm_replay = order(grid=grid, warm={compile_key(pt(0.9, "replay", 128))})
+    assert [s for s, _, _ in warm_replay[1:]] == ["replay"] * 4 + ["treewy"]
+    assert warm_replay[1:3] == [("replay", 0.9, 128), ("replay", 0.9, 256)]   # one server at a time, grid order
+
+
 def test_a_time_budget_stops_before_a_point_it_expects_to_overrun_and_the_next_command_resumes(tmp_path):
     """A lent host kills a call at its limit, and with it the point running (on vLLM also the server start it
     paid for). time_budget_s stops cleanly instead: a new folder's first point runs (nothing is timed yet), each
