@@ -196,8 +196,17 @@ def side_by_side(groups: dict[tuple, dict[str, dict]], base: str, store, anchor:
                          "output_throughput": r.get("output_throughput"),
                          "baseline_output_throughput": b.get("output_throughput"),
                          "throughput_ratio": raw, "adjusted_throughput_ratio": adj,
-                         "p99_ttft_ratio": ratio(r, b, "p99_ttft")})
+                         "p99_ttft_ratio": ratio(r, b, "p99_ttft"),
+                         # why the throughput ratio is what it is: output throughput ~ running requests x tokens
+                         # per step / step time, and the inter-token gap is one engine step per request
+                         "running_ratio": _over(r, b, "mean_running"), "step_ratio": _over(r, b, "itl_mean")})
     return rows
+
+
+def _over(r: dict[str, Any], b: dict[str, Any], metric: str) -> float | None:
+    """``r``'s ``metric`` over ``b``'s (plain, whatever is better); None where either is missing or zero."""
+    x, y = r.get(metric), b.get(metric)
+    return x / y if x and y else None
 
 
 def print_summary(result: dict[str, Any], console, report: Path | None = None) -> None:
@@ -218,8 +227,9 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
         console.print(t)
     if pairs := result.get("side_by_side"):
         t = make_table(f"each point beside {result['baseline']} at its settings (throughput x; p99 TTFT x lower; "
-                       "adjusted: each point scaled by its command's anchor measurement)",
-                       ["point", "vs call", "throughput", "adjusted", "p99 TTFT"], left=1)
+                       "adjusted: each point scaled by its command's anchor measurement; running requests and "
+                       "engine step (mean inter-token gap): x the baseline's)",
+                       ["point", "vs call", "throughput", "adjusted", "p99 TTFT", "running", "step"], left=1)
         for row in pairs:
             t.add_row(*side_by_side_cells(row))
         console.print(t)
@@ -253,7 +263,7 @@ def side_by_side_cells(row: dict[str, Any]) -> list[str]:
     num = lambda v: "-" if v is None else f"{v:.2f}"
     calls = f"{row['call'] or '-'} vs {row['baseline_call'] or '-'}" + (" (same)" if row["same_call"] else "")
     return [row["point_id"], calls, num(row["throughput_ratio"]), num(row["adjusted_throughput_ratio"]),
-            num(row["p99_ttft_ratio"])]
+            num(row["p99_ttft_ratio"]), num(row.get("running_ratio")), num(row.get("step_ratio"))]
 
 
 def _fmt(g: dict) -> str:

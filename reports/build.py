@@ -212,11 +212,16 @@ def _anchor_html(result: dict[str, Any]) -> str:
             f"result folder), and the grid keeps its first measurement.{e(note)}</p>" + _html_table(ANCHOR_HEAD, rows))
 
 
-SIDE_HEAD = ["point", "its call vs the baseline's", "throughput (x)", "adjusted (x)", "p99 TTFT (x lower)"]
+SIDE_HEAD = ["point", "its call vs the baseline's", "throughput (x)", "adjusted (x)", "p99 TTFT (x lower)",
+             "running (x)", "step (x)"]
 SIDE_NOTE = ("Each point beside the baseline's at the same workload, gmu and load, with the sweep command each "
              "ran in. Where they differ, the measured ratio carries the drift between the two commands; "
              "'adjusted' divides each point's throughput by the anchor's in its own command first, which assumes "
-             "that the drift scales every point of a command alike (not checked). The measured ratio is the result.")
+             "that the drift scales every point of a command alike (not checked). The measured ratio is the result. "
+             "'running' is the point's mean number of running requests over the baseline's, 'step' its mean "
+             "inter-token gap (one engine step) over the baseline's: throughput follows running / step (times "
+             "the tokens a step commits per request), so a strategy that runs more requests gains only as far as "
+             "the step does not grow with them.")
 
 
 def side_rows(result: dict[str, Any]) -> list[list[str]]:

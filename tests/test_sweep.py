@@ -384,14 +384,16 @@ def test_side_by_side_names_each_pair_s_calls_and_adjusts_only_across_calls_by_e
         {"call": 3, "anchor": "A", "points": ["A", "T6"], "anchor_remeasured": True},
         {"call": 4, "anchor": "A", "points": ["A", "T6"], "anchor_remeasured": True}]))   # T6 failed in 3
 
-    def row(pid, strategy, tput, ttft, series=None):
+    def row(pid, strategy, tput, ttft, series=None, running=None, itl=None):
         return {"point_id": pid, "strategy": strategy, "series": series or strategy, "output_throughput": tput,
-                "ttft_p99": ttft}
+                "ttft_p99": ttft, "mean_running": running, "itl_mean": itl}
 
     groups = {("w", 0.9, "concurrency", 128.0, "chain:3"): {"store_all": row("A", "store_all", 100.0, 1.0),
                                                             "treewy": row("T9", "treewy", 97.0, 0.8)},
-              ("w", 0.6, "concurrency", 128.0, "chain:3"): {"store_all": row("B6", "store_all", 50.0, 4.0),
-                                                            "treewy": row("T6", "treewy", 90.0, 2.0)},
+              ("w", 0.6, "concurrency", 128.0, "chain:3"): {"store_all": row("B6", "store_all", 50.0, 4.0,
+                                                                             running=40.0, itl=0.04),
+                                                            "treewy": row("T6", "treewy", 90.0, 2.0,
+                                                                          running=100.0, itl=0.08)},
               ("w", 0.6, "concurrency", 128.0, "none"): {"store_all": row("N6", "store_all", 40.0, 0.5, "no_spec")}}
     pairs = {r["point_id"]: r for r in side_by_side(groups, "store_all", store, drift(store))}
     assert set(pairs) == {"T9", "T6", "N6"}
@@ -404,6 +406,9 @@ def test_side_by_side_names_each_pair_s_calls_and_adjusts_only_across_calls_by_e
     assert t6["throughput_ratio"] == pytest.approx(1.8)
     assert t6["adjusted_throughput_ratio"] == pytest.approx(1.8 * 80.0 / 120.0)    # call 4 ran 1.5x call 2
     assert t6["p99_ttft_ratio"] == pytest.approx(2.0)
+    # what the ratio is made of: 2.5x the running requests, each engine step 2x as long
+    assert t6["running_ratio"] == pytest.approx(2.5) and t6["step_ratio"] == pytest.approx(2.0)
+    assert t9["running_ratio"] is None and t9["step_ratio"] is None          # not measured: no ratio
     assert n6["series"] == "no_spec" and n6["baseline_point"] == "B6" and n6["same_call"]
     assert n6["adjusted_throughput_ratio"] == pytest.approx(0.8)
     # a call without a good anchor measurement gives no adjusted ratio; no anchor at all, no table
