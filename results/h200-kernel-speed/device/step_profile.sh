@@ -9,6 +9,8 @@
 # sizes follow max_num_seqs): kernels are vLLM's, minus Inductor's fusions of the small elementwise ops.
 # Brings back per run: the result JSON (its `profile.table_head` is vLLM's table of self CUDA time per op), the
 # full table, and the console. CALL_T0 and CALL_LIMIT as in e2e.sh: a run that would not finish is skipped.
+# Here: `python results/h200-kernel-speed/device/profile_summary.py <files_at>/profile-*-table.txt` groups each
+# table by what the kernels are (MoE, attention, GDN commit, GEMMs, ...), in ms per step.
 set -u
 T0=${CALL_T0:-$(date +%s)}
 LIMIT=${CALL_LIMIT:-600}
