@@ -213,7 +213,9 @@ def run(cfg: DictConfig) -> int:
     calls = CallLog(out)
     if budget is not None:
         budget_history(budget, store, calls, points, compiled_kinds(points[0]) if engine_name == "vllm" else ())
-    todo = run_order(todo, anchor, engine_name == "vllm", grid=points, warm=budget.warm if budget else ())
+    # the kinds whose graphs this host's caches hold run first (a budget also counts the kinds this host ran)
+    warm = budget.warm if budget else (set(compiled_kinds(points[0])) if engine_name == "vllm" else set())
+    todo = run_order(todo, anchor, engine_name == "vllm", grid=points, warm=warm)
     remeasure = anchor is not None and bool(todo) and store.status(point_id(anchor)) == "ok"
     console = make_console()
     console.print(f"[bold]sweep {c.get('sweep_name')}[/]: {len(points)} points, {len(points) - len(todo)} already "
@@ -288,7 +290,7 @@ def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_
         first = server_key(anchor) if anchor is not None else None
         anchor_kind = compile_key(anchor) if anchor is not None else None
         warm = set(warm)
-        ordered = list(grid if grid is not None else out) + out            # a todo point missing from grid goes last
+        ordered = list(grid if grid is not None else out) + out            # kinds and servers not in grid go last
         kinds = {k: i for i, k in reversed(list(enumerate(compile_key(p) for p in ordered)))}  # first appearance
         servers = {k: i for i, k in reversed(list(enumerate(server_key(p) for p in ordered)))}
         out.sort(key=lambda p: (server_key(p) != first, compile_key(p) != anchor_kind, compile_key(p) not in warm,

@@ -262,13 +262,21 @@ def _table_page(pdf, title: str, rows: list[list[str]], head: list[str], note: s
     """One A4-landscape page: a title, an optional line under it, and a table."""
     import matplotlib.pyplot as plt
 
+    import textwrap
+
     fig = plt.figure(figsize=(11.7, 8.3))
     fig.text(0.05, 0.93, title, fontsize=12, weight="bold")
-    if note:
-        fig.text(0.05, 0.89, note, fontsize=8, wrap=True)
-    ax = fig.add_axes([0.05, 0.25, 0.9, 0.6])
+    # wrapped here, hanging from under the title: matplotlib's wrap=True grows a long note upward into it
+    lines = textwrap.wrap(note, 170) if note else []
+    if lines:
+        fig.text(0.05, 0.905, "\n".join(lines), fontsize=8, va="top")
+    top = 0.885 - 0.017 * len(lines)
+    ax = fig.add_axes([0.05, 0.08, 0.9, top - 0.08])
     ax.axis("off")
-    tbl = ax.table(cellText=rows, colLabels=head, loc="upper center", cellLoc="center")
+    # the first column (a point id) as wide as its longest cell, within reason; the rest share what is left
+    first = min(0.4, max(0.12, 0.0062 * max(len(str(r[0])) for r in [head, *rows])))
+    widths = [first] + [(1 - first) / (len(head) - 1)] * (len(head) - 1) if len(head) > 1 else None
+    tbl = ax.table(cellText=rows, colLabels=head, loc="upper center", cellLoc="center", colWidths=widths)
     tbl.auto_set_font_size(False)
     tbl.set_fontsize(8)
     tbl.scale(1, 1.4)

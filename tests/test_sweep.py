@@ -161,6 +161,9 @@ def test_a_resumed_campaign_keeps_the_grids_kind_order_and_runs_the_hosts_warm_k
     warm_replay = order(grid=grid, warm={compile_key(pt(0.9, "replay", 128))})
     assert [s for s, _, _ in warm_replay[1:]] == ["replay"] * 4 + ["treewy"]
     assert warm_replay[1:3] == [("replay", 0.9, 128), ("replay", 0.9, 256)]   # one server at a time, grid order
+    # but the anchor's kind, whose server has just started or compiled, still goes before any other
+    todo.append(pt(0.6, "store_all", 128))
+    assert order(grid=grid, warm={compile_key(pt(0.9, "replay", 128))})[1] == ("store_all", 0.6, 128)
 
 
 def test_a_time_budget_stops_before_a_point_it_expects_to_overrun_and_the_next_command_resumes(tmp_path):

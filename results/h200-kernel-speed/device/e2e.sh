@@ -39,5 +39,5 @@ echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (budget ${BUDGET} s)"; tail -15 "$
 # session that brought them back, and a session that keeps its one host has no use for them
 sz=$(du -smc ~/.cache/vllm ~/.triton/cache 2>/dev/null | tail -1 | cut -f1); echo "compile caches: ${sz:-?} MiB"
 left=$(( LIMIT - 15 - ($(date +%s) - T0) ))
-if [ "${CACHE_PACK:-1}" = 1 ] && [ "$left" -gt 10 ]; then timeout $left bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
+if [ "${CACHE_PACK:-1}" != 0 ] && [ "$left" -gt 10 ]; then timeout $left bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"

@@ -67,8 +67,8 @@ def main() -> int:
     ap.add_argument("--child", choices=["default", "h100"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
-    if a.child:
-        print(json.dumps(measure(tokens)))
+    if a.child:                                  # out: where the parent reads this child's rows
+        Path(a.out).write_text(json.dumps(measure(tokens)))
         return 0
     import vllm
     import torch
@@ -82,16 +82,31 @@ def main() -> int:
         # vLLM names the H200's file NVIDIA_H200 (get_config_file_name): the H100's tiles under that name
         (Path(tuned) / f"E={E},N={N},device_name=NVIDIA_H200.json").write_text(h100.read_text())
         for name, env in (("default", {}), ("h100", {"VLLM_TUNED_CONFIG_FOLDER": tuned})):
-            p = subprocess.run([sys.executable, __file__, a.out, "--tokens", a.tokens, "--child", name],
-                               capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
-            if p.returncode:
-                print(p.stderr[-4000:], file=sys.stderr)
-                return p.returncode
-            result["tiles"][name] = json.loads(p.stdout.strip().splitlines()[-1])
-            used = [ln for ln in p.stderr.splitlines() if "MoE config" in ln or "MoE layer" in ln]
-            result["tiles"][name + "_log"] = used[:2]
-    Path(a.out).write_text(json.dumps(result, indent=1))
-    for d, h in zip(result["tiles"]["default"], result["tiles"]["h100"]):
+            rows = Path(tuned) / f"{name}.json"
+            cmd = [sys.executable, __file__, str(rows), "--tokens", a.tokens, "--child", name]
+            # vLLM logs to stdout unless told otherwise: its line saying which tiles it took is the evidence
+            env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr", **env}
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+            except subprocess.TimeoutExpired:
+                result["tiles"][name] = "no result: the run passed 300 s (cold Triton compiles?)"
+                break
+            if p.returncode or not rows.exists():
+                result["tiles"][name] = f"failed (rc {p.returncode}): {p.stderr[-2000:]}"
+                break
+            result["tiles"][name] = json.loads(rows.read_text())
+            result["tiles"][name + "_log"] = [ln for ln in p.stderr.splitlines()
+                                              if "MoE config" in ln or "MoE layer" in ln][:2]
+        used = " ".join(result["tiles"].get("h100_log") or [])
+        if isinstance(result["tiles"].get("h100"), list) and tuned not in used:
+            result["tiles"]["h100"] = f"not the H100 tiles: vLLM's log does not name {tuned} ({used or 'no line'})"
+    Path(a.out).write_text(json.dumps(result, indent=1))        # whatever was measured, failures named
+    default, h100 = result["tiles"].get("default"), result["tiles"].get("h100")
+    if not (isinstance(default, list) and isinstance(h100, list)):
+        print(f"default tiles: {default if not isinstance(default, list) else 'ok'}; "
+              f"H100 tiles: {h100 if not isinstance(h100, list) else 'ok'}", file=sys.stderr)
+        return 1
+    for d, h in zip(default, h100):
         print(f"M={d['tokens']:5d}  default {d['us']:8.1f} us ({d['weight_tb_s']} TB/s)   "
               f"H100 tiles {h['us']:8.1f} us ({h['weight_tb_s']} TB/s)   experts hit {d['experts_hit']}")
     return 0

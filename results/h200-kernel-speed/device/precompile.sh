@@ -57,5 +57,5 @@ echo "[$(( $(date +%s) - T0 ))s] $(grep -o "vLLM healthy after [0-9]* s" "$OUT/p
 logs=("$scratch"/engine-logs/*.log)                       # one file back, so 4 parts still fit beside it
 [ -e "${logs[0]}" ] && cat "${logs[@]}" > "$OUT/precompile-$S-vllm.log"
 left=$(( LIMIT - 8 - ($(date +%s) - T0) ))
-if [ "${CACHE_PACK:-1}" = 1 ] && [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
+if [ "${CACHE_PACK:-1}" != 0 ] && [ "$left" -gt 5 ]; then timeout "$left" bash results/h200-kernel-speed/device/cache.sh pack || echo "cache pack stopped (rc $?)"; fi
 echo "[$(( $(date +%s) - T0 ))s] done"

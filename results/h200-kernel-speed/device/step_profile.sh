@@ -18,11 +18,15 @@ case "$T0$LIMIT" in *[!0-9]*) echo "step_profile.sh: CALL_T0=$T0 and CALL_LIMIT=
 source "${PROFILE_ENV:-results/h200-kernel-speed/device/env.sh}"
 mode=(); [ "${PROFILE_MODE:-eager}" = eager ] && mode=(--eager)
 M=/tmp/m-profile
-[ -d "$M" ] || python3 -m harness.engines.vllm.model_dir "${PROFILE_MODEL:-conf/model/qwen35_35b.yaml}" "$M" || exit 3
+if [ ! -d "$M" ]; then      # built under another name first, so a half-built folder is never reused
+  rm -rf "$M.tmp" && python3 -m harness.engines.vllm.model_dir "${PROFILE_MODEL:-conf/model/qwen35_35b.yaml}" \
+    "$M.tmp" && mv "$M.tmp" "$M" || exit 3
+fi
+run_s=${RUN_S:-100}; [ "$run_s" -ge 1 ] 2>/dev/null || { echo "step_profile.sh: RUN_S=$run_s must be >= 1 s" >&2; exit 2; }
 for S in ${STRATEGIES:-store_all}; do
   for B in ${BATCHES:-40 100}; do
     left=$(( LIMIT - 20 - ($(date +%s) - T0) ))
-    if [ "$left" -lt "${RUN_S:-100}" ]; then echo "[$(( $(date +%s) - T0 ))s] $S b$B skipped: ${left} s left"; continue; fi
+    if [ "$left" -lt "$run_s" ]; then echo "[$(( $(date +%s) - T0 ))s] $S b$B skipped: ${left} s left"; continue; fi
     P=/tmp/profile-$S-b$B
     rm -rf "$P"
     timeout "$left" python3 -m harness.engines.vllm.offline --model-dir "$M" --strategy "$S" --num-spec 3 \
