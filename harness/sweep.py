@@ -211,10 +211,11 @@ def run(cfg: DictConfig) -> int:
         if int(c.get("jobs", 1)) > 1:
             raise ValueError(f"jobs={c.get('jobs')}: engine=vllm points share one server and GPU; use jobs=1")
     calls = CallLog(out)
-    if budget is not None:
-        budget_history(budget, store, calls, points, compiled_kinds(points[0]) if engine_name == "vllm" else ())
     # the kinds whose graphs this host's caches hold run first (a budget also counts the kinds this host ran)
-    warm = budget.warm if budget else (set(compiled_kinds(points[0])) if engine_name == "vllm" else set())
+    compiled = set(compiled_kinds(points[0])) if engine_name == "vllm" else set()
+    if budget is not None:
+        budget_history(budget, store, calls, points, compiled)
+    warm = budget.warm if budget else compiled
     todo = run_order(todo, anchor, engine_name == "vllm", grid=points, warm=warm)
     remeasure = anchor is not None and bool(todo) and store.status(point_id(anchor)) == "ok"
     console = make_console()

@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -261,8 +262,6 @@ def _no_spec_html(result: dict[str, Any]) -> str:
 def _table_page(pdf, title: str, rows: list[list[str]], head: list[str], note: str | None = None) -> None:
     """One A4-landscape page: a title, an optional line under it, and a table."""
     import matplotlib.pyplot as plt
-
-    import textwrap
 
     fig = plt.figure(figsize=(11.7, 8.3))
     fig.text(0.05, 0.93, title, fontsize=12, weight="bold")

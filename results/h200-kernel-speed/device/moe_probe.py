@@ -81,11 +81,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tuned:
         # vLLM names the H200's file NVIDIA_H200 (get_config_file_name): the H100's tiles under that name
         (Path(tuned) / f"E={E},N={N},device_name=NVIDIA_H200.json").write_text(h100.read_text())
-        for name, env in (("default", {}), ("h100", {"VLLM_TUNED_CONFIG_FOLDER": tuned})):
+        for name, extra in (("default", {}), ("h100", {"VLLM_TUNED_CONFIG_FOLDER": tuned})):
             rows = Path(tuned) / f"{name}.json"
             cmd = [sys.executable, __file__, str(rows), "--tokens", a.tokens, "--child", name]
             # vLLM logs to stdout unless told otherwise: its line saying which tiles it took is the evidence
-            env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr", **env}
+            env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr", **extra}
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
             except subprocess.TimeoutExpired:

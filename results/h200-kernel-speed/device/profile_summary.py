@@ -66,7 +66,7 @@ def summarize(path: Path) -> str:
         g = next((g for g, pat in GROUPS if re.search(pat, r["name"])), "other")
         by[g].append(r)
     listed = sum(r["ms"] for rs in by.values() for r in rs)
-    out = [f"{path.name}: {device} self time {total:.1f} ms over {steps or '?'} steps"
+    out = [f"{path.name}: {device} self time {f'{total:.1f}' if total else '?'} ms over {steps or '?'} steps"
            + (f" = {total / steps:.2f} ms per step" if steps and total else "")]
     per = lambda ms: f"{ms / steps:8.2f}" if steps else f"{ms:8.1f}"
     for g, rs in by.items():
