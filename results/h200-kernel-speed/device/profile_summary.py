@@ -3,16 +3,20 @@
   python results/h200-kernel-speed/device/profile_summary.py profile-store_all-b40-table.txt [...]
 
 The table is torch's ``key_averages().table()`` as vLLM writes it (``profiler_out*.txt``): one row per op or
-kernel, self time on the device ("Self CUDA"; on a CPU run "Self CPU"), and call counts. This groups the rows by
-what they are (MoE, attention, the GDN commit, the rest of GDN, GEMMs, sampling, other; "step ranges" is the self
-time of vLLM's per-step ranges themselves, host work on a CPU run) with the regular expressions below, first match
-wins, and prints per group the device time per engine step (steps: the calls of vLLM's
-``execute_context_*_generation_*`` ranges) and its share of the table's total, with each group's largest rows so
-a misfiled kernel shows. The table lists only its top rows: the rest of the total is "not listed".
-Milliseconds.
+kernel, self time on the device ("Self CUDA"; on a CPU run "Self CPU"), and call counts. On a GPU table an op
+(a row with host time: ``aten::mm``, ``vllm::moe_forward_shared``) lists as its "Self CUDA" the kernels it
+launched, which have rows of their own (no host time), so only those device rows are summed; vLLM's per-step
+ranges (``execute_context_*``) are GPU-timeline spans, not kernels: they are printed apart as the span per step
+(kernels plus the gaps between them). This groups the device rows by what they are (MoE, attention, the GDN
+commit, the rest of GDN, GEMMs, sampling, other) with the regular expressions below, first match wins, and prints
+per group the device time per engine step and its share of the table's total, with each group's largest rows so
+a misfiled kernel shows. Steps: ``profile.steps`` of the run's result JSON beside the table
+(``profile-S-bB.json``), else the calls of the step ranges. The table lists only its top rows: the rest of the
+total is "not listed". Milliseconds.
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -37,7 +41,8 @@ def _ms(cell: str) -> float | None:
 
 
 def parse(text: str) -> tuple[list[dict], float | None, str]:
-    """(rows of name, self device ms, calls), the table's self device total (ms), and the device ("CUDA"/"CPU")."""
+    """(rows of name, self device ms, calls, host ms), the table's self device total (ms), and the device
+    ("CUDA"/"CPU")."""
     lines = text.splitlines()
     sep = next(i for i, ln in enumerate(lines) if ln.startswith("---"))
     spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[sep])]
@@ -45,6 +50,7 @@ def parse(text: str) -> tuple[list[dict], float | None, str]:
     head = cells(lines[sep + 1])
     device = "CUDA" if "Self CUDA" in head else "CPU"
     col, calls = head.index(f"Self {device}"), head.index("# of Calls")
+    host = head.index("CPU total")
     rows = []
     for ln in lines[sep + 3:]:
         if ln.startswith("---"):
@@ -52,14 +58,27 @@ def parse(text: str) -> tuple[list[dict], float | None, str]:
         c = cells(ln)
         t = _ms(c[col])
         if t is not None:
-            rows.append({"name": c[0], "ms": t, "calls": int(c[calls])})
+            rows.append({"name": c[0], "ms": t, "calls": int(c[calls]), "host_ms": _ms(c[host]) or 0.0})
     total = next((_ms(m[1]) for ln in lines if (m := re.match(rf"Self {device} time total: (\S+)", ln))), None)
     return rows, total, device
 
 
+def _steps(path: Path, ranges: list[dict]) -> tuple[int, str]:
+    """Engine steps the table covers, and where that number came from."""
+    js = path.with_name(path.name.replace("-table.txt", ".json"))
+    if js.is_file():
+        n = (json.loads(js.read_text()).get("profile") or {}).get("steps")
+        if n:
+            return int(n), js.name
+    return sum(r["calls"] for r in ranges), "step ranges"
+
+
 def summarize(path: Path) -> str:
     rows, total, device = parse(path.read_text())
-    steps = sum(r["calls"] for r in rows if re.match(GROUPS[0][1], r["name"]))
+    ranges = [r for r in rows if re.match(GROUPS[0][1], r["name"])]
+    steps, source = _steps(path, ranges)
+    if device == "CUDA":    # ops' self device time repeats their kernels' rows; ranges are spans, not kernels
+        rows = [r for r in rows if r["host_ms"] == 0.0 and r not in ranges]
     by: dict[str, list[dict]] = {g: [] for g, _ in GROUPS}
     by["other"] = []
     for r in rows:
@@ -67,8 +86,11 @@ def summarize(path: Path) -> str:
         by[g].append(r)
     listed = sum(r["ms"] for rs in by.values() for r in rs)
     out = [f"{path.name}: {device} self time {f'{total:.1f}' if total else '?'} ms over {steps or '?'} steps"
-           + (f" = {total / steps:.2f} ms per step" if steps and total else "")]
+           + (f" ({source})" if steps else "") + (f" = {total / steps:.2f} ms per step" if steps and total else "")]
     per = lambda ms: f"{ms / steps:8.2f}" if steps else f"{ms:8.1f}"
+    if device == "CUDA" and ranges:
+        span = sum(r["ms"] for r in ranges)
+        out.append(f"  {'GPU span of a step':26s} {per(span)} ms/step (kernels and the gaps between them)")
     for g, rs in by.items():
         if not rs:
             continue
