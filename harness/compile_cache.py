@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 NOTES = "commitbench-compiled-kinds"    # a folder in vLLM's cache root: <sha1 of the kind>.json per kind
+_GRAPH_SETTINGS = ("cudagraph_mode", "max_cudagraph_capture_size")   # engine settings in vLLM's compile hash
 
 
 def compile_key(p: dict[str, Any]) -> tuple:
@@ -29,9 +30,15 @@ def compile_key(p: dict[str, Any]) -> tuple:
 
 
 def _scope(p: dict[str, Any]) -> dict[str, Any]:
-    """The rest of what a kind's graphs depend on that a sweep can vary: the model and the graph mode."""
-    return {"model": (p.get("model") or {}).get("name"),
-            "enforce_eager": bool((p.get("engine") or {}).get("enforce_eager"))}
+    """The rest of what a kind's graphs depend on that a sweep can vary: the model and the graph settings (vLLM
+    hashes its whole compilation config, capture sizes included). A setting at its default is left out, so the
+    notes written before it was a setting still match."""
+    engine = p.get("engine") or {}
+    scope = {"model": (p.get("model") or {}).get("name"), "enforce_eager": bool(engine.get("enforce_eager"))}
+    for key in _GRAPH_SETTINGS:
+        if engine.get(key) is not None:
+            scope[key] = engine[key]
+    return scope
 
 
 def vllm_cache_root() -> Path:
@@ -76,7 +83,7 @@ def compiled_kinds(p: dict[str, Any], root: Path | None = None) -> set[tuple]:
             kind = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if (isinstance(kind, dict) and all(kind.get(k) == v for k, v in scope.items())
+        if (isinstance(kind, dict) and all(kind.get(k) == scope.get(k) for k in {*scope, *_GRAPH_SETTINGS})
                 and isinstance(kind.get("draft"), str) and isinstance(kind.get("strategy"), str)):
             found.add((kind["draft"], kind["strategy"]))
     return found

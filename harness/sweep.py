@@ -278,24 +278,24 @@ def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_
     """The order a command runs its points in. The anchor first, so a call cut short by its time limit still
     has it (measured as a grid point the first time, again into anchors/ by every later command). On a shared
     server (vLLM) points with equal :func:`server_key` run back to back, one start per (gmu, draft, strategy),
-    those of the anchor's server first, since the anchor has just started it; then servers with equal
-    :func:`compile_key` back to back (those of the anchor's first), so each start after the first of its kind
-    loads vLLM's compiled graphs from the cache (~105 s on the H200 instead of 250-310 s). Next the kinds in
-    ``warm`` (compile keys whose graphs this host's caches hold: a start of theirs is cheap, so a call with little
-    time left still runs them), then the rest. Kinds, and servers within a kind, keep the order of ``grid`` (the
-    whole grid, done points included; default ``todo``): its strategies and drafts as the config lists them, so a
-    campaign cut short has the first ones, and a kind whose first points are done keeps its place rather than
-    moving behind kinds that come later in the config. The simulator keeps the grid's order throughout."""
+    those of the anchor's server first, since the anchor has just started it. Then the servers whose start is
+    cheap (~90-105 s on the H200 instead of 250-370 s): those of the anchor's kind (:func:`compile_key`), whose
+    graphs the anchor's start has just compiled, and those of the kinds in ``warm`` (compile keys whose graphs
+    this host's caches hold), all in the order of ``grid``, so a call with little time left runs the config's
+    first points among them. Then the cold kinds, one kind at a time (each start after its first loads the
+    compiled graphs), kinds and servers in the order of ``grid``. ``grid`` is the whole grid, done points
+    included (default ``todo``): its gmu, strategies and drafts as the config lists them, so a campaign cut
+    short has the first ones, and a kind whose first points are done keeps its place rather than moving behind
+    kinds that come later in the config. The simulator keeps the grid's order throughout."""
     out = list(todo)
     if shared_server:
         first = server_key(anchor) if anchor is not None else None
-        anchor_kind = compile_key(anchor) if anchor is not None else None
-        warm = set(warm)
+        cheap = set(warm) | ({compile_key(anchor)} if anchor is not None else set())
         ordered = list(grid if grid is not None else out) + out            # kinds and servers not in grid go last
         kinds = {k: i for i, k in reversed(list(enumerate(compile_key(p) for p in ordered)))}  # first appearance
         servers = {k: i for i, k in reversed(list(enumerate(server_key(p) for p in ordered)))}
-        out.sort(key=lambda p: (server_key(p) != first, compile_key(p) != anchor_kind, compile_key(p) not in warm,
-                                kinds[compile_key(p)], servers[server_key(p)]))
+        out.sort(key=lambda p: (server_key(p) != first, compile_key(p) not in cheap,
+                                0 if compile_key(p) in cheap else kinds[compile_key(p)], servers[server_key(p)]))
     if anchor is not None and anchor in out:
         out.remove(anchor)
         out.insert(0, anchor)

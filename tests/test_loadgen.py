@@ -111,7 +111,22 @@ def test_startup_lines():
            "tokens per request: 25.50x\n")
     f = scrape.startup_facts(log)
     assert f == {"kv_cache_tokens": 26112, "max_concurrency_tokens_per_request": 1024, "max_concurrency_max_len": 25.5,
-                 "graph_mode": "none (no capture in the log)"}
+                 "graph_mode": "none (no capture in the log)", "graph_capture": None}
+
+
+def test_graph_capture_is_what_vllm_profiled_at_its_last_start():
+    """The sizes a point records come from vLLM's own line (the last start's, where a log holds two), so a
+    step past the largest graph is visible in the results whatever was asked for."""
+    first = ("INFO 12-02 06:09:23 [gpu_model_runner.py:6612] Profiling CUDA graph memory: PIECEWISE=49 (largest=512), "
+             "FULL=49 (largest=512)\n")
+    second = ("INFO 12-03 10:00:00 [gpu_model_runner.py:6612] Profiling CUDA graph memory: PIECEWISE=145 "
+              "(largest=2048), FULL=81 (largest=1024)\n")
+    assert scrape.graph_capture(first) == {"PIECEWISE": {"graphs": 49, "largest": 512},
+                                           "FULL": {"graphs": 49, "largest": 512}}
+    assert scrape.graph_capture(first + second)["PIECEWISE"] == {"graphs": 145, "largest": 2048}
+    assert scrape.graph_capture(first + second)["FULL"]["largest"] == 1024
+    assert scrape.graph_capture("Cudagraph is disabled under eager mode") is None
+    assert scrape.startup_facts(second)["graph_capture"]["FULL"]["graphs"] == 81
 
 
 def test_graph_mode_is_what_vllm_captured_and_the_plugin_path_what_it_said():

@@ -217,3 +217,25 @@ def test_vllm_server_gets_the_tensor_parallel_size_and_multicast_off():
     two = settings_for(point(), {**vcfg, "tensor_parallel_size": 2}, Path("/models/x"))
     argv = two.argv(8000, "m")
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and dict(two.env)["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_vllm_server_gets_the_graph_capture_size_and_refuses_a_bad_one():
+    """engine.max_cudagraph_capture_size reaches vLLM as its compilation config, beside a pinned graph mode;
+    null leaves vLLM's default (no compilation config at all), and a size that is no size names the key."""
+    from harness.engines.vllm.engine import settings_for
+
+    vcfg = yaml.safe_load((ROOT / "conf" / "engine" / "vllm.yaml").read_text())
+    assert vcfg["max_cudagraph_capture_size"] is None
+    assert "--compilation-config" not in settings_for(point(), vcfg, Path("/m")).argv(8000, "m")
+    argv = settings_for(point(), {**vcfg, "max_cudagraph_capture_size": 2048}, Path("/m")).argv(8000, "m")
+    assert json.loads(argv[argv.index("--compilation-config") + 1]) == {"max_cudagraph_capture_size": 2048}
+    both = settings_for(point(), {**vcfg, "max_cudagraph_capture_size": 1024, "cudagraph_mode": "PIECEWISE"},
+                        Path("/m")).argv(8000, "m")
+    assert json.loads(both[both.index("--compilation-config") + 1]) == {"cudagraph_mode": "PIECEWISE",
+                                                                        "max_cudagraph_capture_size": 1024}
+    eager = settings_for(point(), {**vcfg, "max_cudagraph_capture_size": 1024, "enforce_eager": True},
+                         Path("/m")).argv(8000, "m")
+    assert "--compilation-config" not in eager and "--enforce-eager" in eager
+    for bad in (0, -16, "2048", 1.5, True):
+        with pytest.raises(ValueError, match=r"engine\.max_cudagraph_capture_size"):
+            settings_for(point(), {**vcfg, "max_cudagraph_capture_size": bad}, Path("/m"))

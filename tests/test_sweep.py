@@ -161,9 +161,30 @@ def test_a_resumed_campaign_keeps_the_grids_kind_order_and_runs_the_hosts_warm_k
     warm_replay = order(grid=grid, warm={compile_key(pt(0.9, "replay", 128))})
     assert [s for s, _, _ in warm_replay[1:]] == ["replay"] * 4 + ["treewy"]
     assert warm_replay[1:3] == [("replay", 0.9, 128), ("replay", 0.9, 256)]   # one server at a time, grid order
-    # but the anchor's kind, whose server has just started or compiled, still goes before any other
+    # the anchor's kind, whose graphs its start has just compiled, is as cheap to start as a warm one: its other
+    # servers take their grid places among the warm kinds' ones, all before a cold kind
     todo.append(pt(0.6, "store_all", 128))
-    assert order(grid=grid, warm={compile_key(pt(0.9, "replay", 128))})[1] == ("store_all", 0.6, 128)
+    assert order(grid=grid, warm={compile_key(pt(0.9, "replay", 128))}) == [
+        ("store_all", 0.9, 128), ("replay", 0.9, 128), ("replay", 0.9, 256), ("store_all", 0.6, 128),
+        ("replay", 0.6, 128), ("replay", 0.6, 256), ("treewy", 0.6, 256)]
+
+
+def test_a_campaign_call_after_a_precompile_runs_the_precompiled_kind_in_the_grids_order():
+    # the eleventh session's campaign (gmu 0.6 first, its store_all c128 the anchor) on a host that precompiled
+    # treewy: the memory-bound pair runs in one call, before store_all's gmu 0.9 server, whose start is as cheap
+    from harness.sweep import compile_key, run_order
+
+    def pt(gmu, strategy, c):
+        return {"gmu": gmu, "strategy": strategy, "draft": "chain:3", "max_num_seqs": 256, "max_model_len": 4096,
+                "c": c}
+
+    grid = [pt(g, s, c) for g in (0.6, 0.9) for c in (128, 256) for s in ("store_all", "treewy", "replay")]
+    anchor = pt(0.6, "store_all", 128)
+    got = [(p["strategy"], p["gmu"], p["c"])
+           for p in run_order(list(grid), anchor, True, grid=grid, warm={compile_key(pt(0.6, "treewy", 1))})]
+    assert got == [("store_all", 0.6, 128), ("store_all", 0.6, 256), ("treewy", 0.6, 128), ("treewy", 0.6, 256),
+                   ("store_all", 0.9, 128), ("store_all", 0.9, 256), ("treewy", 0.9, 128), ("treewy", 0.9, 256),
+                   ("replay", 0.6, 128), ("replay", 0.6, 256), ("replay", 0.9, 128), ("replay", 0.9, 256)]
 
 
 def test_a_time_budget_stops_before_a_point_it_expects_to_overrun_and_the_next_command_resumes(tmp_path):
@@ -314,6 +335,14 @@ def test_the_note_beside_vllm_s_caches_makes_its_kinds_warm_for_the_budget(tmp_p
     (a / NOTES / "torn.json").write_text('{"model": "qwen35_35b", "draft": ')
     (a / NOTES / "foreign.json").write_text(json.dumps([["chain:3", "treewy"]]))
     assert ("chain:3", "treewy") not in compiled_kinds(pt("treewy"), a)
+    # vLLM hashes its capture sizes too: graphs up to 2048 tokens and the default's are different kinds, both ways
+    big = {"max_cudagraph_capture_size": 2048}
+    note_compiled([{**pt("treewy"), "engine": {**pt("treewy")["engine"], **big}}], b)
+    assert ("chain:3", "treewy") not in compiled_kinds(pt("treewy"), b)
+    assert compiled_kinds({**pt("store_all"), "engine": {**pt("store_all")["engine"], **big}}, b) == {("chain:3", "treewy")}
+    for f in (b / NOTES).iterdir():
+        if "2048" in f.read_text():
+            f.unlink()
 
     points = [pt("store_all"), pt("replay"), pt("treewy")]
     bud = TimeBudget(600, server_key, compile_key, clock=lambda: 0.0)

@@ -84,6 +84,10 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
     mode = cfg.get("cudagraph_mode")
     if mode is None and needs_piecewise(strategy, env_map.get(ENV_KERNELS)):
         mode = "PIECEWISE"
+    capture = cfg.get("max_cudagraph_capture_size")
+    if capture is not None and (isinstance(capture, bool) or not isinstance(capture, int) or capture < 1):
+        raise ValueError(f"engine.max_cudagraph_capture_size={capture!r}: must be a whole number of tokens >= 1, "
+                         "or null for vLLM's default")
     return ServerSettings(
         model_dir=str(model_dir), strategy=strategy,
         buffer_len=int(cfg.get("buffer_len", 16)), num_spec=num_spec, acceptance_rates=rates,
@@ -93,7 +97,7 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
         max_num_batched_tokens=point.max_num_batched_tokens, load_format=cfg.get("load_format", "dummy"),
         dtype=point.model.dtype, ssm_cache_dtype=point.model.state_dtype,
         enforce_eager=bool(cfg.get("enforce_eager", False)),
-        cudagraph_mode=mode,
+        cudagraph_mode=mode, max_cudagraph_capture_size=capture,
         language_model_only=point.model.architecture.endswith("ForConditionalGeneration"),
         gdn_prefill_backend=cfg.get("gdn_prefill_backend"), tensor_parallel_size=tp,
         extra_args=tuple(cfg.get("extra_args") or ()), env=env)
@@ -326,6 +330,8 @@ class VLLMEngine:
                        "strategy": s.strategy, "buffer_len": s.buffer_len, "restarts": self.starts,
                        "gdn_commit": _gdn_commit(s.strategy, dict(s.env), st.get("device") or "", st.get("log")),
                        "graph_mode": st.get("graph_mode"),
+                       "graph_capture": st.get("graph_capture"),
+                       "max_cudagraph_capture_size_requested": s.max_cudagraph_capture_size or "vLLM's default",
                        "cudagraph_mode_requested": s.cudagraph_mode or ("none (enforce_eager)" if s.enforce_eager
                                                                         else "vLLM's default"),
                        "cache_config": info},

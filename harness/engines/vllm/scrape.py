@@ -142,6 +142,9 @@ _BLOCKS = re.compile(r"num_gpu_blocks(?: is|=|:)\s*(\d+)")
 _CAPTURE = re.compile(r"Capturing CUDA graphs \(([a-z -]+), ([A-Z_]+)\)")
 _EAGER = re.compile(r"Cudagraph is disabled under eager mode|enforce_eager=True|cudagraph_mode=NONE|"
                     r"CUDAGraphMode\.NONE")
+# vLLM 0.26's line before capture: "Profiling CUDA graph memory: PIECEWISE=49 (largest=512), FULL=49 (largest=512)".
+_CAPTURE_SIZES = re.compile(r"Profiling CUDA graph memory: (.*)")
+_CAPTURE_SIZE = re.compile(r"([A-Z_]+)=(\d+) \(largest=(\d+)\)")
 # Flat JSON (no nested braces): tensor-parallel ranks write their lines at once, and two can land on one line.
 _PATH = re.compile(r"COMMITBENCH_GDN_PATH (\{[^{}]*\})")
 # vLLM's JIT monitor (0.26 and 0.32), one line per compile with --jit-monitor-verbose.
@@ -158,6 +161,16 @@ def graph_mode(log_text: str) -> str:
         return "none (eager)" if _EAGER.search(log_text) else "none (no capture in the log)"
     order = sorted(seen, key=lambda b: b != "decode")
     return " + ".join(f"{seen[b]} ({b})" for b in order)
+
+
+def graph_capture(log_text: str) -> dict[str, dict[str, int]] | None:
+    """The CUDA graphs vLLM captured per mode, from its last start in the log: ``{"FULL": {"graphs": 49,
+    "largest": 512}, ...}`` (largest in tokens per step: a step past it ran without that mode's graph), or None
+    where the log has no such line (eager, CPU, a vLLM that does not print it)."""
+    m = _CAPTURE_SIZES.findall(log_text)
+    if not m:
+        return None
+    return {mode: {"graphs": int(n), "largest": int(big)} for mode, n, big in _CAPTURE_SIZE.findall(m[-1])} or None
 
 
 def gdn_path(log_text: str) -> dict[str, Any] | None:
@@ -193,4 +206,5 @@ def startup_facts(log_text: str) -> dict[str, Any]:
     if m := _BLOCKS.findall(log_text):
         out["num_blocks_logged"] = int(m[-1])
     out["graph_mode"] = graph_mode(log_text)
+    out["graph_capture"] = graph_capture(log_text)
     return out

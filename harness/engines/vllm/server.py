@@ -10,6 +10,7 @@ tail of its log.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -76,6 +77,10 @@ class ServerSettings:
     ssm_cache_dtype: str | None = None
     enforce_eager: bool = False
     cudagraph_mode: str | None = None          # None: vLLM's default (the plugin's op is graph-safe)
+    # The largest step (tokens) vLLM captures a CUDA graph for; a step past it runs without graphs. None:
+    # vLLM's default, min(2 x max_num_seqs x (1 + k), 512) in 0.26, which a decode step of 129+ requests at k=3
+    # or a mixed step at ~100 already passes.
+    max_cudagraph_capture_size: int | None = None
     language_model_only: bool = False          # Qwen3.5 checkpoints are multimodal: skip the vision tower
     gdn_prefill_backend: str | None = None     # "triton" on Hopper with vLLM 0.26 (no FlashInfer staged)
     tensor_parallel_size: int = 1
@@ -107,11 +112,15 @@ class ServerSettings:
             a += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.enforce_eager:
             a.append("--enforce-eager")
-        elif self.cudagraph_mode:
-            a += ["--compilation-config", f'{{"cudagraph_mode": "{self.cudagraph_mode}"}}']
+        else:
+            graphs: dict[str, Any] = {}
+            if self.cudagraph_mode:
+                graphs["cudagraph_mode"] = self.cudagraph_mode
+            if self.max_cudagraph_capture_size:
+                graphs["max_cudagraph_capture_size"] = int(self.max_cudagraph_capture_size)
+            if graphs:
+                a += ["--compilation-config", json.dumps(graphs)]
         if self.num_spec:
-            import json
-
             spec: dict[str, Any] = {"method": "mtp", "num_speculative_tokens": self.num_spec}
             if self.acceptance_rates:
                 spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=list(self.acceptance_rates))
