@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.anchor import CallLog
+from harness.config import parse_draft
 
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
@@ -43,7 +44,28 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
            "engine": summary.get("engine"), "status": summary["status"], "reason": summary.get("reason"),
            "model": cfg["model"]["name"], "gpu": cfg["gpu"]["name"]}
     row.update(summary.get("metrics") or {})
+    cover = graph_coverage(summary)
+    row["decode_past_graphs"] = cover["decode_past_graphs"] if cover else None
+    row["largest_graph"] = cover["largest_graph"] if cover else None
     return row
+
+
+def graph_coverage(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether vLLM's CUDA graphs covered a point's largest decode step: R running requests under a k-token draft
+    make a decode step of R x (1 + k) tokens, and a step past vLLM's largest captured graph runs without graphs
+    (vLLM 0.26 on the H200: a median step of 129-167 ms against ~30 within them, results/h200-kernel-speed/e2e/
+    final). Mixed prefill-decode steps add their prompt tokens, which the samples do not show, so a point within
+    the graphs may still have run some of those without. None where the point does not say what vLLM captured
+    (the simulator, eager runs, points recorded before the capture sizes were)."""
+    t = summary.get("telemetry") or {}
+    capture = (t.get("server") or {}).get("graph_capture")
+    if not capture or t.get("max_running") is None:
+        return None
+    draft = (summary.get("config") or {}).get("draft")
+    per_request = 1 + (parse_draft(draft, root=True).num_drafts if draft else 0)
+    decode = int(t["max_running"]) * per_request
+    largest = max(m["largest"] for m in capture.values())
+    return {"decode_tokens_max": decode, "largest_graph": largest, "decode_past_graphs": decode > largest}
 
 
 def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = None) -> dict[str, Any]:
@@ -83,6 +105,8 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
                    "groups": len(classified), "memory_bound": n_bound, "label": f"{n_bound}/{len(classified)}"},
         "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,
         "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
+        "graph_coverage": {"known": sum(r["decode_past_graphs"] is not None for r in ok),
+                           "past": [r["point_id"] for r in ok if r["decode_past_graphs"]]},
         "anchor": (anchor := drift(store)),
         "side_by_side": side_by_side(groups, base, store, anchor),
     }
@@ -233,6 +257,8 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
         for row in pairs:
             t.add_row(*side_by_side_cells(row))
         console.print(t)
+    if line := graph_line(result):
+        console.print(line)
     a = result.get("anchor")
     if a:
         console.print(anchor_line(a))
@@ -240,6 +266,19 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
         console.print(f"  failed: {f['point_id']}: {f['reason']}")
     if report:
         console.print(f"report: {report}/report.html, {report}/report.pdf")
+
+
+def graph_line(result: dict[str, Any]) -> str | None:
+    """One sentence on the points whose decode steps passed vLLM's largest CUDA graph (the report's and the
+    console's), or None where every point that says stayed within them."""
+    g = result.get("graph_coverage") or {}
+    past = g.get("past") or []
+    if not past:
+        return None
+    sizes = sorted({r["largest_graph"] for r in result["points"] if r["point_id"] in past})
+    return (f"{len(past)} of {g['known']} points had decode steps past vLLM's largest CUDA graph "
+            f"({'/'.join(map(str, sizes))} tokens; running requests x (1 + k) tokens each), which ran without "
+            f"graphs: {', '.join(past)}. engine.max_cudagraph_capture_size raises the limit")
 
 
 def anchor_line(a: dict[str, Any]) -> str:

@@ -66,6 +66,8 @@ def build_report(store, result: dict[str, Any] | None = None) -> Path:
 # -- shared text ----------------------------------------------------------------------
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
+    from analysis.sweep import graph_line
+
     c, sweep = result["counts"], result["sweep"]
     return [
         f"engine: {result['engine']}"
@@ -78,7 +80,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"{result['thresholds']['peak_kv_usage']:.0%}, "
         f"preemptions, or >= {result['thresholds']['waited_fraction']:.0%} of requests waiting for memory): "
         f"{c['label']}",
-    ]
+    ] + ([line] if (line := graph_line(result)) else [])
 
 
 def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:

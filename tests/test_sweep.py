@@ -628,3 +628,41 @@ def test_a_vllm_server_started_after_the_anchor_logs_beside_the_point_it_starts_
         assert again is first and again.log_dir == tmp_path / "s" / "engine-logs"
     finally:
         _ENGINES.clear()
+
+
+def test_points_whose_decode_steps_passed_vllm_s_largest_graph_are_named(tmp_path):
+    """A vLLM point whose running requests x (1 + k) tokens passed the largest CUDA graph vLLM captured ran those
+    steps without graphs: analysis names it, in the console's summary and on the report's first page. A point
+    that does not say what vLLM captured is not guessed at."""
+    from analysis.sweep import analyze, graph_line
+    from reports.build import summary_lines
+
+    final = ROOT / "results" / "h200-kernel-speed" / "e2e" / "final" / "points"
+    cap512 = {"PIECEWISE": {"graphs": 49, "largest": 512}, "FULL": {"graphs": 49, "largest": 512}}
+    store = Store(tmp_path / "s")
+    store.init({"baseline": "store_all", "sweep_name": "t", "model": "qwen35_35b", "gpu": "h200"})
+    picks = {"sharegpt-gmu0.9-c256-chain3-treewy": cap512,           # 256 running x 4 tokens = 1024 > 512
+             "sharegpt-gmu0.9-c256-chain3-store_all": {**cap512, "PIECEWISE": {"graphs": 145, "largest": 2048}},
+             "sharegpt-gmu0.6-c128-chain3-store_all": cap512,        # 48 running x 4 = 192
+             "sharegpt-gmu0.6-c256-nospec-store_all": cap512,        # no draft: 209 running x 1 = 209
+             "sharegpt-gmu0.9-c128-chain3-treewy": None}             # recorded before capture sizes were
+    for pid, capture in picks.items():
+        s = json.loads((final / pid / "summary.json").read_text())
+        if capture is not None:
+            s["telemetry"]["server"]["graph_capture"] = capture
+        store.write(pid, s, None)
+    result = analyze(store)
+    assert result["graph_coverage"] == {"known": 4, "past": ["sharegpt-gmu0.9-c256-chain3-treewy"]}
+    rows = {r["point_id"]: r for r in result["points"]}
+    assert rows["sharegpt-gmu0.9-c256-chain3-store_all"]["decode_past_graphs"] is False   # 192 x 4 = 768 <= 2048
+    assert rows["sharegpt-gmu0.9-c128-chain3-treewy"]["decode_past_graphs"] is None
+    line = graph_line(result)
+    assert line.startswith("1 of 4 points had decode steps past vLLM's largest CUDA graph (512 tokens")
+    assert line in summary_lines(result)
+    # the same point with decode graphs up to 1024 tokens: within them
+    s = json.loads((store.root / "points" / "sharegpt-gmu0.9-c256-chain3-treewy" / "summary.json").read_text())
+    s["telemetry"]["server"]["graph_capture"] = {**cap512, "FULL": {"graphs": 81, "largest": 1024}}
+    (store.root / "points" / "sharegpt-gmu0.9-c256-chain3-treewy" / "summary.json").write_text(json.dumps(s))
+    again = analyze(store)
+    assert again["graph_coverage"]["past"] == [] and graph_line(again) is None
+    assert not any("CUDA graph" in ln for ln in summary_lines(again))
