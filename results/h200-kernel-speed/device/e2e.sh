@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # one end-to-end call: CALL name, then sweep overrides; the folder resumes across calls (tarred to $OUT).
-# The preset's anchor (store_all, gmu 0.9, c128) runs first in every call with work, measured again from the
-# second call on. Name the same CALL in every call of a campaign so they share one folder.
+# The preset's anchor (store_all c128: at gmu 0.9 in e2e/final, at gmu 0.6 from capture2048 on) runs first in
+# every call with work, measured again from the second call on. Name the same CALL in every call of a campaign
+# so they share one folder.
 # The sweep gets the call's time left as time_budget_s, so it stops before a server start or point that would
 # not finish, rather than being killed with it; `timeout` stays as the backstop. CALL_T0 (epoch seconds): when
 # the call began, if it did other work first (the unpack).
