@@ -140,16 +140,22 @@ def test_a_shared_server_runs_the_anchor_then_the_points_of_its_server_then_one_
     assert run_order(grid[1:], anchor, shared_server=False)[0] == anchor
 
 
+def _campaign_point(gmu, strategy, c):
+    """What run_order reads of a vLLM point (server and compile keys), and its concurrency to name it by."""
+    return {"gmu": gmu, "strategy": strategy, "draft": "chain:3", "max_num_seqs": 256, "max_model_len": 4096, "c": c}
+
+
+def _campaign_grid(gmus):
+    return [_campaign_point(g, s, c) for g in gmus for c in (128, 256) for s in ("store_all", "treewy", "replay")]
+
+
 def test_a_resumed_campaign_keeps_the_grids_kind_order_and_runs_the_hosts_warm_kinds_first():
     # the eighth session's call 11: treewy's gmu 0.9 points done, its gmu 0.6 c256 left; replay comes later in
     # the config, and its gmu 0.9 c128 point comes earlier in the grid than treewy's gmu 0.6 c256
     from harness.sweep import compile_key, run_order
 
-    def pt(gmu, strategy, c):
-        return {"gmu": gmu, "strategy": strategy, "draft": "chain:3", "max_num_seqs": 256, "max_model_len": 4096,
-                "c": c}
-
-    grid = [pt(g, s, c) for g in (0.9, 0.6) for c in (128, 256) for s in ("store_all", "treewy", "replay")]
+    pt = _campaign_point
+    grid = _campaign_grid((0.9, 0.6))
     anchor = pt(0.9, "store_all", 128)
     todo = [p for p in grid if p == anchor or p["strategy"] == "replay" or p == pt(0.6, "treewy", 256)]
     order = lambda **kw: [(p["strategy"], p["gmu"], p["c"]) for p in run_order(todo, anchor, True, **kw)]
@@ -174,11 +180,8 @@ def test_a_campaign_call_after_a_precompile_runs_the_precompiled_kind_in_the_gri
     # treewy: the memory-bound pair runs in one call, before store_all's gmu 0.9 server, whose start is as cheap
     from harness.sweep import compile_key, run_order
 
-    def pt(gmu, strategy, c):
-        return {"gmu": gmu, "strategy": strategy, "draft": "chain:3", "max_num_seqs": 256, "max_model_len": 4096,
-                "c": c}
-
-    grid = [pt(g, s, c) for g in (0.6, 0.9) for c in (128, 256) for s in ("store_all", "treewy", "replay")]
+    pt = _campaign_point
+    grid = _campaign_grid((0.6, 0.9))
     anchor = pt(0.6, "store_all", 128)
     got = [(p["strategy"], p["gmu"], p["c"])
            for p in run_order(list(grid), anchor, True, grid=grid, warm={compile_key(pt(0.6, "treewy", 1))})]
