@@ -32,7 +32,9 @@ def compile_key(p: dict[str, Any]) -> tuple:
 def _scope(p: dict[str, Any]) -> dict[str, Any]:
     """The rest of what a kind's graphs depend on that a sweep can vary: the model and the graph settings (vLLM
     hashes its whole compilation config, capture sizes included). A setting at its default is left out, so the
-    notes written before it was a setting still match."""
+    notes written before it was a setting still match. Keyed on the settings asked for, not the sizes vLLM
+    resolves from them (at the default those depend on max_num_seqs too): a note only schedules, so a miss costs
+    an estimate, never a result."""
     engine = p.get("engine") or {}
     scope = {"model": (p.get("model") or {}).get("name"), "enforce_eager": bool(engine.get("enforce_eager"))}
     for key in _GRAPH_SETTINGS:

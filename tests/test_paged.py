@@ -467,6 +467,8 @@ def test_every_point_of_an_h200_campaign_ran_the_same_measured_code_in_vllm_s_de
     between their commits only outside what is measured (strategies/, harness/engines/, workloads/, conf/)."""
     import subprocess
 
+    from harness.config import parse_draft
+
     folder, capture = H200_E2E / campaign, CAMPAIGNS[campaign]
     if not folder.is_dir():
         pytest.skip(f"{folder.name}: not measured yet")
@@ -480,11 +482,15 @@ def test_every_point_of_an_h200_campaign_ran_the_same_measured_code_in_vllm_s_de
         assert s["engine"] == "vllm" and t["vllm_version"] == "0.26.0" and t["device"] == "NVIDIA H200", s["point_id"]
         assert sv["graph_mode"].startswith("FULL (decode)") and sv["cudagraph_mode_requested"] == "vLLM's default"
         assert s["config"]["engine"].get("max_cudagraph_capture_size") == capture, s["point_id"]
-        if capture is not None:     # what vLLM captured, from its log: mixed steps up to the size asked for, and
-            # decode steps up to what the scheduler can form (max_num_seqs requests of 1 + k tokens)
-            k = 3 if s["config"]["draft"] else 0
-            assert sv["graph_capture"]["PIECEWISE"]["largest"] == capture, (s["point_id"], sv["graph_capture"])
-            assert sv["graph_capture"]["FULL"]["largest"] == min(capture, 256 * (1 + k)), s["point_id"]
+        if capture is not None:     # what vLLM captured, from its log: mixed steps up to the size asked for (this
+            # grid's 2048 is on vLLM's size grid, a multiple of 1 + k and within max_num_batched_tokens), and decode
+            # steps up to what the scheduler can form (max_num_seqs requests of 1 + k tokens)
+            cfg = s["config"]
+            k = parse_draft(cfg["draft"], root=True).num_drafts if cfg["draft"] else 0
+            assert sv.get("graph_capture"), f"{s['point_id']}: no capture sizes in vLLM's log"
+            assert sv["graph_capture"]["PIECEWISE"]["largest"] == min(capture, cfg["max_num_batched_tokens"]), \
+                (s["point_id"], sv["graph_capture"])
+            assert sv["graph_capture"]["FULL"]["largest"] == min(capture, cfg["max_num_seqs"] * (1 + k)), s["point_id"]
         assert "dummy" in t["weights"]
         if s["config"]["draft"]:
             assert t["acceptance"] == "synthetic [0.9, 0.75, 0.59]", s["point_id"]

@@ -644,7 +644,8 @@ def test_points_whose_decode_steps_passed_vllm_s_largest_graph_are_named(tmp_pat
     cap512 = {"PIECEWISE": {"graphs": 49, "largest": 512}, "FULL": {"graphs": 49, "largest": 512}}
     store = Store(tmp_path / "s")
     store.init({"baseline": "store_all", "sweep_name": "t", "model": "qwen35_35b", "gpu": "h200"})
-    picks = {"sharegpt-gmu0.9-c256-chain3-treewy": cap512,           # 256 running x 4 tokens = 1024 > 512
+    encoder = {"ENCODER": {"graphs": 3, "largest": 16384}}            # vLLM's vision graphs: not the decoder's
+    picks = {"sharegpt-gmu0.9-c256-chain3-treewy": {**cap512, **encoder},  # 256 running x 4 tokens = 1024 > 512
              "sharegpt-gmu0.9-c256-chain3-store_all": {**cap512, "PIECEWISE": {"graphs": 145, "largest": 2048}},
              "sharegpt-gmu0.6-c128-chain3-store_all": cap512,        # 48 running x 4 = 192
              "sharegpt-gmu0.6-c256-nospec-store_all": cap512,        # no draft: 209 running x 1 = 209

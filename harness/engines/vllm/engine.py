@@ -331,7 +331,8 @@ class VLLMEngine:
                        "gdn_commit": _gdn_commit(s.strategy, dict(s.env), st.get("device") or "", st.get("log")),
                        "graph_mode": st.get("graph_mode"),
                        "graph_capture": st.get("graph_capture"),
-                       "max_cudagraph_capture_size_requested": s.max_cudagraph_capture_size or "vLLM's default",
+                       "max_cudagraph_capture_size_requested": "none (enforce_eager)" if s.enforce_eager
+                       else s.max_cudagraph_capture_size or "vLLM's default",
                        "cudagraph_mode_requested": s.cudagraph_mode or ("none (enforce_eager)" if s.enforce_eager
                                                                         else "vLLM's default"),
                        "cache_config": info},

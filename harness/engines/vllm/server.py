@@ -77,9 +77,10 @@ class ServerSettings:
     ssm_cache_dtype: str | None = None
     enforce_eager: bool = False
     cudagraph_mode: str | None = None          # None: vLLM's default (the plugin's op is graph-safe)
-    # The largest step (tokens) vLLM captures a CUDA graph for; a step past it runs without graphs. None:
-    # vLLM's default, min(2 x max_num_seqs x (1 + k), 512) in 0.26, which a decode step of 129+ requests at k=3
-    # or a mixed step at ~100 already passes.
+    # About the largest step (tokens) vLLM captures a CUDA graph for (it truncates to its size grid and to
+    # max_num_batched_tokens; the log says what it captured); a step past it runs without graphs. None: vLLM's
+    # default, min(2 x max_num_seqs x (1 + k), 512) in 0.26, which a decode step of 129+ requests at k=3 or a
+    # mixed step at ~100 already passes.
     max_cudagraph_capture_size: int | None = None
     language_model_only: bool = False          # Qwen3.5 checkpoints are multimodal: skip the vision tower
     gdn_prefill_backend: str | None = None     # "triton" on Hopper with vLLM 0.26 (no FlashInfer staged)
