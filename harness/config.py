@@ -35,18 +35,48 @@ def conf_dir() -> Path:
 
 
 def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
-    """``conf/<config_name>.yaml`` with Hydra overrides applied; errors name the bad override."""
+    """``conf/<config_name>.yaml`` with Hydra overrides applied; errors name the bad override.
+
+    ``engine=auto`` (the default engine of ``sweep`` and ``run``) is resolved before the overrides apply: the
+    config is composed once without the ``engine.*`` overrides to see which engine it picks, and where that is
+    ``auto``, again with ``engine=<sim|vllm>``, so ``engine.mode=graphs`` sets the engine that runs."""
+    overrides = list(overrides)
+    if _has_engine_group(config_name):
+        picked = _compose(config_name, [o for o in overrides if not _sets_engine_key(o)])
+        if picked.get("engine", {}).get("name") == "auto":
+            from .sweep import resolve_engine
+
+            overrides = [o for o in overrides if not o.startswith("engine=")] \
+                + [f"engine={resolve_engine('auto')}"]
+    return _compose(config_name, overrides)
+
+
+def _compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         try:
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
+            return hydra_compose(config_name=config_name, overrides=overrides)
         except HydraException as e:
             groups = sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
             msg = str(e).split("\nConfig search path")[0].strip()
             raise ValueError(f"{' '.join(overrides) or config_name}: {msg}\n"
                              f"Config groups: {', '.join(groups)} (see conf/)") from None
+
+
+def _has_engine_group(config_name: str) -> bool:
+    """Whether ``conf/<config_name>.yaml`` picks an engine from conf/engine/ (its defaults list names it)."""
+    path = conf_dir() / f"{config_name}.yaml"
+    if not path.is_file():
+        return False
+    defaults = OmegaConf.load(path).get("defaults") or []
+    return any(isinstance(d, (dict, DictConfig)) and "engine" in d for d in defaults)
+
+
+def _sets_engine_key(override: str) -> bool:
+    """``engine.mode=graphs``, ``+engine.env.X=1``, ``~engine.x``: a key inside the engine, not its choice."""
+    return override.lstrip("+~").startswith("engine.")
 
 
 def load_model(name_or_cfg: str | Any) -> ModelSpec:

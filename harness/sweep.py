@@ -122,7 +122,11 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     validate(cfg)
     engine = dict(cfg["engine"])
     engine_name = resolve_engine(engine["name"], quiet=True)
-    if engine_name != engine["name"]:
+    if engine_name != engine["name"]:     # a config composed without harness.config.compose (which resolves auto)
+        if set(engine) != {"name"}:
+            raise ValueError(f"engine=auto with engine.{', engine.'.join(sorted(set(engine) - {'name'}))} set: auto "
+                             f"has no settings of its own; name the engine (engine={engine_name}) or compose the "
+                             "config with harness.config.compose, which resolves auto first")
         engine = OmegaConf.to_container(OmegaConf.load(conf_dir() / "engine" / f"{engine_name}.yaml"))
     rule = cfg["requests"]
     out = []

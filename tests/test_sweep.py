@@ -670,3 +670,23 @@ def test_points_whose_decode_steps_passed_vllm_s_largest_graph_are_named(tmp_pat
     again = analyze(store)
     assert again["graph_coverage"]["past"] == [] and graph_line(again) is None
     assert not any("CUDA graph" in ln for ln in summary_lines(again))
+
+
+def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_engine_that_runs(tmp_path):
+    """`engine=auto` (the default) picks the simulator here; `engine.mode=graphs` must set that simulator's mode,
+    not fail on auto's config nor be dropped when auto is resolved (the README's paper_35b command)."""
+    one = ["sweep=quick", "concurrency=[8]", "strategy=[store_all]", "report=false"]
+    runs = {}
+    for mode in ("eager", "graphs"):
+        out = harness("sweep", *one, f"engine.mode={mode}", f"out={tmp_path / mode}")
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stderr.count("engine=auto: using the simulator") == 1      # said once, where it was decided
+        (s,) = Store(tmp_path / mode).summaries()
+        assert s["engine"] == "sim" and s["config"]["engine"]["mode"] == mode
+        runs[mode] = s["metrics"]["output_throughput"]
+    assert runs["graphs"] > 1.2 * runs["eager"]     # the graphs' smaller per-step overhead did apply
+    assert json.loads((tmp_path / "graphs" / "sweep.json").read_text())["engine"]["mode"] == "graphs"
+    cfg = harness("sweep", "sweep=paper_35b", "gpu=b200", "engine.mode=graphs", "--cfg")
+    assert cfg.returncode == 0 and "name: sim\n  mode: graphs" in cfg.stdout, cfg.stderr[-2000:]
+    bad = harness("sweep", *one, "engine.mood=graphs", f"out={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and "engine.mood" in bad.stderr and not (tmp_path / "bad").exists()
