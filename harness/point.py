@@ -159,8 +159,8 @@ def main() -> None:
         from hydra.core.hydra_config import HydraConfig
 
         c = OmegaConf.to_container(cfg, resolve=True)
-        c.pop("workload", None)
-        c["workloads"] = [HydraConfig.get().runtime.choices["workload"]]
+        c["workloads"] = [HydraConfig.get().runtime.choices["workload"]]   # the group's choice; its composed
+        # config (command-line workload.* overrides included) is merged onto it as the sweep's workload settings
         (pc,) = point_configs(c)
         store = Store(c["out"])
         if not (store.root / "sweep.json").exists():  # the first job describes the sweep (atomic; any may)

@@ -41,6 +41,9 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
             out.append(text)
             continue
         key = ALIASES.get(key, key)
+        if key.lstrip("+").startswith("workload."):    # a setting of the swept workloads (workload_configs)
+            out.append(f"++{key.lstrip('+')}={value}")
+            continue
         try:
             ov = parser.parse_override(f"{key}={value}")
         except Exception as e:
@@ -129,19 +132,25 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                              "config with harness.config.compose, which resolves auto first")
         engine = OmegaConf.to_container(OmegaConf.load(conf_dir() / "engine" / f"{engine_name}.yaml"))
     rule = cfg["requests"]
+    names = _as_list(cfg["workloads"])
+    settings = cfg.get("workload") if isinstance(cfg.get("workload"), dict) else {}
     out = []
-    for wname in _as_list(cfg["workloads"]):
-        wl = OmegaConf.to_container(OmegaConf.load(conf_dir() / "workload" / f"{wname}.yaml"), resolve=True)
+    for wname, wl in zip(names, workload_configs(names, settings)):
         if (cfg.get("replay") or {}).get(wname):
             wl = replayed(wl, cfg["replay"][wname], wname)
         kind = (wl.get("arrival") or {}).get("kind", "closed")
+        if kind == "trace":
+            raise ValueError(f"workload={wname} with arrival.kind=trace: a sweep offers open-loop load at the rates "
+                             f"of its rate axis, and a trace's timestamps set their own; use arrival.kind=poisson or "
+                             f"gamma (workload.arrival.kind=poisson), or see the trace with `python -m harness "
+                             f"workloads describe workload={wname} workload.arrival.kind=trace`")
         if kind == "closed":
             loads = [({"kind": "closed", "concurrency": int(c)},
                       max(int(rule["min"]), int(rule["per_concurrency"]) * int(c)))
                      for c in _as_list(cfg["concurrency"])]
         else:
             burst = float((wl.get("arrival") or {}).get("burstiness") or 1.0)
-            loads = [({"kind": kind if kind != "trace" else "poisson", "rate": float(r), "burstiness": burst},
+            loads = [({"kind": kind, "rate": float(r), "burstiness": burst},
                       max(int(rule["min"]), int(float(rule["per_rate"]) * float(r))))
                      for r in _as_list(cfg["rate"])]
         for gmu in _as_list(cfg["gmu"]):
@@ -159,6 +168,49 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
                             "max_model_len": cfg["max_model_len"], "seed": cfg.get("seed", 0)})
     return out
+
+
+def workload_configs(names: Sequence[str], settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each swept workload's config (``conf/workload/<name>.yaml``) with ``workload.<key>=`` settings merged into
+    the workloads that have the key (``workload.path=FILE`` sets every swept workload's path). A key no swept
+    workload has is an error naming the closest keys, never dropped; the points record the merged configs."""
+    import difflib
+
+    loaded = [OmegaConf.load(conf_dir() / "workload" / f"{n}.yaml") for n in names]
+    for key, value in _flat(settings or {}):
+        took = False
+        for i, w in enumerate(loaded):
+            if OmegaConf.select(w, key, throw_on_missing=False, default=_ABSENT) is not _ABSENT:
+                loaded[i], took = OmegaConf.merge(w, _nested(key, value)), True
+        if not took:
+            keys = sorted({k for w in loaded for k, _ in _flat(OmegaConf.to_container(w))})
+            near = difflib.get_close_matches(key, keys, n=3) or keys
+            raise ValueError(f"workload.{key}={value}: no swept workload ({', '.join(names)}) has {key}; "
+                             f"did you mean {' or '.join('workload.' + k for k in near)}?")
+    return [OmegaConf.to_container(w, resolve=True) for w in loaded]
+
+
+_ABSENT = object()
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"arrival": {"kind": "poisson"}}`` → ``[("arrival.kind", "poisson")]``; a leaf is a non-dict value."""
+    items = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            items += _flat(v, f"{prefix}{k}.")
+        else:
+            items.append((f"{prefix}{k}", v))
+    return items
+
+
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    """``("arrival.kind", "poisson")`` → ``{"arrival": {"kind": "poisson"}}`` (the value as it is: no reparsing)."""
+    *path, last = key.split(".")
+    node: dict[str, Any] = {last: value}
+    for part in reversed(path):
+        node = {part: node}
+    return node
 
 
 def replayed(wl: dict[str, Any], path: str, name: str) -> dict[str, Any]:

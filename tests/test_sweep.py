@@ -551,11 +551,13 @@ def test_run_one_point_and_compare_two_sweeps(tmp_path):
 def test_hydra_launchers_fan_points_into_one_store(tmp_path, launcher):
     """submitit_local is the Slurm launcher's local executor: the same job code, no cluster."""
     out = subprocess.run([sys.executable, "-m", "harness.point", "--multirun", f"hydra/launcher={launcher}",
-                          "workload=balanced_chat", "gmu=0.6,0.9", "strategy=store_all,treewy", "concurrency=64",
-                          f"out={tmp_path / 'h'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          "workload=balanced_chat", "workload.seed=7", "gmu=0.6,0.9", "strategy=store_all,treewy",
+                          "concurrency=64", f"out={tmp_path / 'h'}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     store = Store(tmp_path / "h")
     assert sorted(s["status"] for s in store.summaries()) == ["ok"] * 4
+    assert {s["config"]["workload"]["seed"] for s in store.summaries()} == {7}   # the job's workload.* reached it
     ana = harness("analyze", str(tmp_path / "h"))
     assert ana.returncode == 0 and "memory-bound" in ana.stdout
 
@@ -690,3 +692,22 @@ def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_e
     assert cfg.returncode == 0 and "name: sim\n  mode: graphs" in cfg.stdout, cfg.stderr[-2000:]
     bad = harness("sweep", *one, "engine.mood=graphs", f"out={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "engine.mood" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_workload_settings_reach_every_swept_workload_that_has_them_and_a_typo_is_refused(tmp_path):
+    """`workload.<key>=` sets the swept workloads' own configs (before, the sweep reloaded each workload's file and
+    dropped it, so a Spec-Bench path that does not exist ran the bundled questions); a key no swept workload has,
+    and a trace arrival a sweep cannot offer, stop the command before the folder is touched."""
+    one = ["concurrency=[8]", "strategy=[store_all]", "draft=[chain:3]", "report=false", "engine=sim"]
+    out = harness("sweep", "workload=spec_bench,balanced_chat", "workload.path=/nonexistent/question.jsonl",
+                  "workload.seed=3", *one, f"out={tmp_path / 's'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = {s["config"]["workload_name"]: s for s in Store(tmp_path / "s").summaries()}
+    assert got["spec_bench"]["status"] == "failed" and "/nonexistent/question.jsonl" in got["spec_bench"]["reason"]
+    assert got["balanced_chat"]["status"] == "ok" and "path" not in got["balanced_chat"]["config"]["workload"]
+    assert {s["config"]["workload"]["seed"] for s in got.values()} == {3}
+    for bad, why in (("workload.pth=/x", "did you mean workload.path"),
+                     ("workload.arrival.kind=trace", "arrival.kind=trace")):
+        r = harness("sweep", "workload=spec_bench", bad, *one, f"out={tmp_path / 'bad'}")
+        assert r.returncode == 2 and why in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "bad").exists()
