@@ -25,8 +25,9 @@ from .config import compose, conf_dir, parse_draft
 from .point import close_engines, point_id, run_point
 from .store import Store
 
-AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft", "seed")
+AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft")
 ALIASES = {"workload": "workloads", "strategies": "strategy", "drafts": "draft"}
+MAX_DRAFT_TOKENS = 64    # per step: bench kernels' and bench strategies' longest chains; a typo beyond it is refused
 
 
 def normalize_overrides(overrides: Sequence[str]) -> list[str]:
@@ -44,6 +45,9 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
         if key.lstrip("+").startswith("workload."):    # a setting of the swept workloads (workload_configs)
             out.append(f"++{key.lstrip('+')}={value}")
             continue
+        if key == "draft" and value.startswith("parents:"):   # Hydra's grammar reads no ':[' inside a value
+            out.append(f"draft=['{value}']")
+            continue
         try:
             ov = parser.parse_override(f"{key}={value}")
         except Exception as e:
@@ -51,12 +55,37 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
         if ov.is_sweep_override():
             if key not in AXES:
                 raise ValueError(f"{text}: only the grid's axes take several values ({', '.join(AXES)}); "
-                                 "run one sweep per model, GPU and engine")
+                                 "run one sweep per model, GPU, engine and seed")
             values = [str(v) for v in ov.sweep_string_iterator()]
+            if key == "draft" and all(v.isdigit() for v in values):
+                raise ValueError(f"{text}: Hydra reads this as {len(values)} drafts, one level of width "
+                                 f"{' and '.join(dict.fromkeys(values))}; write draft=[{value}] for the ({value}) "
+                                 f"tree, or draft=[chain:3,'{value}'] for an axis of several shapes")
             out.append(f"{key}=[{','.join(values)}]")
         else:
             out.append(f"{key}={value}")
     return out
+
+
+def draft_axis(value: Any) -> list[str | None]:
+    """The draft shapes a grid's ``draft`` names, one per point: a flat list of integers is one tree (``[3,3,3]``:
+    the (3,3,3) tree), a list of strings or lists is an axis (``[chain:3,'3,3,3',[2,2]]``), a single shape is
+    an axis of one; ``none`` (or null) is speculation off. Each shape as a string (``"3,3,3"``)."""
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return [",".join(map(str, value))]
+        out = []
+        for v in value:
+            if isinstance(v, (list, tuple)):
+                out.append(",".join(map(str, v)))
+            elif v is None or isinstance(v, str):
+                out.append(v)
+            else:
+                raise ValueError(f"draft={list(value)}: {v!r} is neither a shape nor a list of widths; a list of "
+                                 "integers alone is one tree (draft=[3,3,3]), an axis lists shapes "
+                                 "(draft=[chain:3,'3,3,3'])")
+        return out
+    return [value if value is None or isinstance(value, str) else str(value)]
 
 
 def compose_sweep(overrides: Sequence[str]) -> DictConfig:
@@ -112,9 +141,23 @@ def validate(cfg: dict[str, Any]) -> None:
     for r in _as_list(cfg.get("rate")):
         if not isinstance(r, (int, float)) or r <= 0:
             raise ValueError(f"rate={r}: must be > 0 requests/s")
-    for d in _as_list(cfg.get("draft")):
+    for d in draft_axis(cfg.get("draft")):
         if d not in (None, "none"):
-            parse_draft(d, root=True)
+            tree = parse_draft(d, root=True)
+            if tree.num_drafts < 1:
+                raise ValueError(f"draft={d}: a draft needs at least one token; draft=none is speculation off")
+            if tree.num_drafts > MAX_DRAFT_TOKENS:
+                raise ValueError(f"draft={d}: {tree.num_drafts} draft tokens per step; a sweep takes at most "
+                                 f"{MAX_DRAFT_TOKENS} (MTP drafts a few; the paper's largest tree has 39)")
+    for axis in AXES:
+        if axis in cfg and isinstance(cfg[axis], (list, tuple)) and not cfg[axis]:
+            raise ValueError(f"{axis}=[]: the grid needs at least one value on every axis")
+    seed = cfg.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed}: one whole number per sweep; run one sweep per seed (out=DIR each)")
+    jobs = cfg.get("jobs", 1)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs}: must be a whole number >= 1 (points run in parallel on this machine)")
 
 
 def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
@@ -155,7 +198,7 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                      for r in _as_list(cfg["rate"])]
         for gmu in _as_list(cfg["gmu"]):
             for load, n in loads:
-                for draft in _as_list(cfg["draft"]):
+                for draft in draft_axis(cfg["draft"]):
                     no_spec = draft in (None, "none")
                     # Speculation off is one baseline per (workload, gmu, load): no strategy is involved (vLLM
                     # runs its own path, the plugin stays inert), so it runs once, recorded under store_all.

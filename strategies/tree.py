@@ -46,20 +46,19 @@ class DraftTree:
             raise ValueError("widths=(): a draft tree needs at least one depth, e.g. (1, 1, 1)")
         if any(w < 1 for w in widths):
             raise ValueError(f"widths={widths}: every width must be >= 1")
-        parents: list[int] = []
-
-        def grow(parent: int, depth: int) -> None:
-            for _ in range(widths[depth]):
-                me = len(parents)
-                parents.append(parent)
-                if depth + 1 < len(widths):
-                    grow(me, depth + 1)
-
-        if root:
-            parents.append(-1)
-            grow(0, 0)
-        else:
-            grow(-1, 0)
+        parents: list[int] = [-1] if root else []
+        # DFS preorder without recursion (a long chain is as deep as it is long): each frame is (parent, depth,
+        # children of that parent still to place); a node's children go on top, before its later siblings
+        stack = [(0 if root else -1, 0, widths[0])]
+        while stack:
+            parent, depth, left = stack.pop()
+            if left == 0:
+                continue
+            stack.append((parent, depth, left - 1))
+            me = len(parents)
+            parents.append(parent)
+            if depth + 1 < len(widths):
+                stack.append((me, depth + 1, widths[depth + 1]))
         return cls(tuple(parents), has_root=root)
 
     @classmethod

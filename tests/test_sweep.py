@@ -711,3 +711,31 @@ def test_workload_settings_reach_every_swept_workload_that_has_them_and_a_typo_i
         r = harness("sweep", "workload=spec_bench", bad, *one, f"out={tmp_path / 'bad'}")
         assert r.returncode == 2 and why in r.stderr, r.stderr[-2000:]
         assert not (tmp_path / "bad").exists()
+
+
+def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_before_the_first_point(tmp_path):
+    """A flat list of integers is one tree, a list of shapes an axis; Hydra's bare draft=3,3,3 (three drafts of
+    width 3, which the sweep used to run as one level of width 3) is refused with both spellings; parents:[...]
+    passes Hydra's grammar; values that used to fail every point, or an empty grid, exit 2 first."""
+    one = ["sweep=quick", "concurrency=[8]", "strategy=[store_all]", "requests.min=20", "requests.per_concurrency=1",
+           "report=false", "engine=sim"]
+    cases = (("draft=[3,3,3]", ["3,3,3"]), ("draft=[chain:2,'2,2']", ["chain:2", "2,2"]),
+             ("draft=[[2,1],chain:1]", ["2,1", "chain:1"]), ("draft=parents:[-1,0,0]", ["parents:[-1,0,0]"]),
+             ("draft=chain:2,none", ["chain:2", None]))
+    for i, (arg, want) in enumerate(cases):
+        out = harness("sweep", *one, arg, f"out={tmp_path / f'd{i}'}")
+        assert out.returncode == 0, (arg, out.stderr[-2000:])
+        got = sorted(Store(tmp_path / f"d{i}").summaries(), key=lambda s: want.index(s["config"]["draft"]))
+        assert [s["config"]["draft"] for s in got] == want and all(s["status"] == "ok" for s in got), arg
+    (tree,) = Store(tmp_path / "d0").summaries()
+    assert tree["point_id"].endswith("-3x3x3-store_all") and tree["metrics"]["acceptance_length"] > 3.3   # 39 nodes
+    for bad, why in (("draft=3,3,3", "write draft=[3,3,3] for the (3,3,3) tree"),
+                     ("draft=chain:0", "draft=none is speculation off"),
+                     ("draft=chain:5000", "5000 draft tokens per step; a sweep takes at most 64"),
+                     ("seed=0,1", "one sweep per model, GPU, engine and seed"),
+                     ("seed=[0,1]", "seed=[0, 1]: one whole number per sweep"),
+                     ("gmu=[]", "gmu=[]: the grid needs at least one value"),
+                     ("jobs=abc", "jobs=abc: must be a whole number")):
+        r = harness("sweep", *one, bad, f"out={tmp_path / 'bad'}", timeout=120)
+        assert r.returncode == 2 and why in r.stderr, (bad, r.stderr[-2000:])
+        assert not (tmp_path / "bad").exists()

@@ -79,3 +79,24 @@ def test_bad_widths(widths):
 def test_node_index_checked():
     with pytest.raises(IndexError, match="node=3"):
         DraftTree.chain(3).path_to(3)
+
+
+def test_from_widths_is_the_recursive_preorder_and_takes_chains_longer_than_pythons_recursion_limit():
+    def recursive(widths, root):     # the definition: each node, then its subtree, siblings left to right
+        parents = [-1] if root else []
+
+        def grow(parent, depth):
+            for _ in range(widths[depth]):
+                me = len(parents)
+                parents.append(parent)
+                if depth + 1 < len(widths):
+                    grow(me, depth + 1)
+
+        grow(0 if root else -1, 0)
+        return tuple(parents)
+
+    for widths in ((3, 3, 3), (2, 1, 3), (1, 4), (3, 2, 2, 1), (1, 1, 1)):
+        for root in (False, True):
+            assert DraftTree.from_widths(widths, root=root).parents == recursive(widths, root), (widths, root)
+    long = DraftTree.chain(5000, root=True)
+    assert long.num_drafts == 5000 and long.is_chain and long.draft_depth == 5000
