@@ -17,6 +17,9 @@ from strategies import DraftTree
 from .model import ModelSpec
 
 ENV_CONF = "COMMITBENCH_CONF"
+# Maps that exist to take arbitrary keys (Hydra's +key= form): the server's environment, the swept workloads'
+# settings (harness.sweep.workload_configs checks those against the workloads). Anywhere else '+' is refused.
+OPEN_MAPS = ("engine.env.", "workload.")
 
 
 def conf_dir() -> Path:
@@ -34,24 +37,32 @@ def conf_dir() -> Path:
     return path
 
 
-def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False) -> DictConfig:
     """``conf/<config_name>.yaml`` with Hydra overrides applied; errors name the bad override.
 
     ``engine=auto`` (the default engine of ``sweep`` and ``run``) is resolved before the overrides apply: the
     config is composed once without the ``engine.*`` overrides to see which engine it picks, and where that is
     ``auto``, again with ``engine=<sim|vllm>``, so ``engine.mode=graphs`` sets the engine that runs."""
     overrides = list(overrides)
+    for o in overrides:     # Hydra's '+' adds any key; only the open maps take keys no config has
+        key = o.split("=", 1)[0]
+        if key.startswith("+") and not key.lstrip("+").startswith(OPEN_MAPS):
+            raise ValueError(f"{o}: adds a key no config has, which nothing would read "
+                             f"({_nearest(config_name, key.lstrip('+'), overrides)}); only "
+                             f"{' and '.join(m + '<key>' for m in OPEN_MAPS)} take new keys (with +)")
     if _has_engine_group(config_name):
         picked = _compose(config_name, [o for o in overrides if not _sets_engine_key(o)])
         if picked.get("engine", {}).get("name") == "auto":
             from .sweep import resolve_engine
 
             overrides = [o for o in overrides if not o.startswith("engine=")] \
-                + [f"engine={resolve_engine('auto')}"]
+                + [f"engine={resolve_engine('auto', quiet=quiet)}"]
     return _compose(config_name, overrides)
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+    import re
+
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -59,10 +70,35 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         try:
             return hydra_compose(config_name=config_name, overrides=overrides)
         except HydraException as e:
-            groups = sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
             msg = str(e).split("\nConfig search path")[0].strip()
-            raise ValueError(f"{' '.join(overrides) or config_name}: {msg}\n"
-                             f"Config groups: {', '.join(groups)} (see conf/)") from None
+    if m := re.match(r"Could not override '([^']+)'", msg):    # a key no config has: never '+' it
+        bad = next((o for o in overrides if o.split("=", 1)[0] == m[1]), m[1])
+        raise ValueError(f"{bad}: no such key; {_nearest(config_name, m[1], overrides)}")
+    groups = sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
+    raise ValueError(f"{' '.join(overrides) or config_name}: {msg}\n"
+                     f"Config groups: {', '.join(groups)} (see conf/)")
+
+
+def _nearest(config_name: str, key: str, overrides: Sequence[str]) -> str:
+    """"did you mean gmu?": the keys of the config the other overrides compose that are closest to ``key``."""
+    import difflib
+
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+    try:
+        cfg = OmegaConf.to_container(compose(config_name, rest, quiet=True))
+    except ValueError:
+        return "see --cfg for the keys"
+    keys = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for k, v in node.items():
+            keys.append(prefix + str(k))
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+
+    walk(cfg, "")
+    near = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(near)}?" if near else "python -m harness <command> --cfg lists the keys"
 
 
 def _has_engine_group(config_name: str) -> bool:
