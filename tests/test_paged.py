@@ -456,6 +456,12 @@ H200_E2E = Path(__file__).resolve().parents[1] / "results" / "h200-kernel-speed"
 # (None: vLLM's default, 512 tokens in 0.26). `final` stopped at 12 of 20 points when the 512-token cap was found
 # to be what slowed every step past it; `capture2048` is the campaign again with graphs up to 2048 tokens.
 CAMPAIGNS = {"final": None, "capture2048": 2048}
+# What a vLLM point's measurement runs: the strategies and their ops (inside vLLM), the requests, and the engine
+# that starts vLLM, drives and scrapes it. The rest (where logs go, the simulator, the sweep's order, the CLI,
+# analysis, reports) cannot change a measurement; the config a point ran with is compared whole instead.
+MEASURED = ("strategies", "workloads", "harness/engines/vllm", "harness/engines/base.py",
+            "harness/engines/sim/acceptance.py", "harness/model.py")
+AXIS_KEYS = {"strategy", "draft", "gmu", "load", "requests"}     # what differs between a grid's points
 
 
 @pytest.mark.parametrize("campaign", sorted(CAMPAIGNS))
@@ -463,8 +469,8 @@ def test_every_point_of_an_h200_campaign_ran_the_same_measured_code_in_vllm_s_de
     """Issue 16's end-to-end campaigns span several sessions and calls: each one's points, the anchor's
     re-measures included, must have run one staged vLLM, in the graph mode vLLM's log reported (not PIECEWISE
     pinned) and with the graphs it asked for (the capture sizes vLLM logged), each speculating strategy but
-    store_all on the compiled op, with dummy weights and synthetic acceptance said so, and code that differs
-    between their commits only outside what is measured (strategies/, harness/engines/, workloads/, conf/)."""
+    store_all on the compiled op, with dummy weights and synthetic acceptance said so, one config but for the
+    grid's axes, and code that differs between their commits only outside what a measurement runs (MEASURED)."""
     import subprocess
 
     from harness.config import parse_draft
@@ -477,7 +483,9 @@ def test_every_point_of_an_h200_campaign_ran_the_same_measured_code_in_vllm_s_de
     summaries = [s for s in summaries if s["status"] == "ok"]
     assert summaries
     commits = set()
+    fixed = {k: v for k, v in summaries[0]["config"].items() if k not in AXIS_KEYS}
     for s in summaries:
+        assert {k: v for k, v in s["config"].items() if k not in AXIS_KEYS} == fixed, s["point_id"]
         t, sv = s["telemetry"], s["telemetry"]["server"]
         assert s["engine"] == "vllm" and t["vllm_version"] == "0.26.0" and t["device"] == "NVIDIA H200", s["point_id"]
         assert sv["graph_mode"].startswith("FULL (decode)") and sv["cudagraph_mode_requested"] == "vLLM's default"
@@ -501,8 +509,7 @@ def test_every_point_of_an_h200_campaign_ran_the_same_measured_code_in_vllm_s_de
     first, *rest = sorted(commits)
     for other in rest:
         try:
-            diff = subprocess.run(["git", "diff", "--stat", first, other, "--", "strategies", "harness/engines",
-                                   "workloads", "conf"],
+            diff = subprocess.run(["git", "diff", "--stat", first, other, "--", *MEASURED],
                                   cwd=H200_E2E.parents[2], capture_output=True, text=True, timeout=60)
         except FileNotFoundError:
             pytest.skip("no git here: the commits cannot be compared")
