@@ -21,8 +21,7 @@ def memory_rows(cfg: DictConfig) -> list[dict[str, Any]]:
     for spec in cfg.drafts:
         tree = parse_draft(spec, root=bool(cfg.root))
         for name in strategies.names():
-            opts = {"buffer_len": int(cfg.buffer_len)} if name in ("replay", "treewy_deferred") else {}
-            strat = strategies.get(name, **opts)
+            strat = strategies.configured(name, {"buffer_len": int(cfg.buffer_len)})
             if not strat.supports_trees and not tree.is_chain:
                 continue
             for dtype in cfg.state_dtypes:

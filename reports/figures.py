@@ -175,7 +175,7 @@ def spec_memory_vs_tree(model_cfg: dict[str, Any], engine: str) -> plt.Figure:
         xs, ys = [], []
         for w in shapes:
             tree = DraftTree.from_widths(w, root=True)
-            strat = strategies.get(name, **({"buffer_len": max(16, tree.num_nodes)} if name == "replay" else {}))
+            strat = strategies.configured(name, buffer_len=max(16, strategies.configured(name).buffer_needed(tree)))
             if not strat.supports_trees and not tree.is_chain:
                 continue
             xs.append(tree.num_drafts)

@@ -5,7 +5,7 @@ Engine-independent PyTorch: the literal recurrence (the oracle), ``store_all``,
 accounting of each. A leaf package: it imports nothing from the rest of CommitBench.
 """
 
-from .base import Strategy, Verified, get, names
+from .base import Strategy, Verified, configured, get, names
 from .history import History
 from .memory import GDNShape, MiB, StateMemory, as_dtype, dtype_bytes
 from .recurrence import accepted_state, delta_rule_step, tree_recurrence
@@ -15,5 +15,5 @@ from . import store_all, replay, treewy, treewy_deferred  # noqa: E402,F401  (re
 
 __all__ = [
     "DraftTree", "GDNShape", "History", "MiB", "StateMemory", "Strategy", "Verified",
-    "accepted_state", "as_dtype", "delta_rule_step", "dtype_bytes", "get", "names", "tree_recurrence",
+    "accepted_state", "as_dtype", "configured", "delta_rule_step", "dtype_bytes", "get", "names", "tree_recurrence",
 ]

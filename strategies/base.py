@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -46,6 +46,8 @@ class Strategy(ABC):
     supports_trees: bool = True
     #: True when q/k/v/g/beta may come in another dtype than the state (the Triton kernels).
     mixed_dtypes: bool = False
+    #: The keyword options a run's settings may set (:func:`configured` takes them from those settings).
+    options: tuple[str, ...] = ()
 
     # -- the contract -------------------------------------------------------
     @abstractmethod
@@ -84,6 +86,19 @@ class Strategy(ABC):
         pages, stash = self.footprint(tree)
         return account(self.name, shape, tree, state_pages=pages, stash_tokens=stash,
                        state_dtype=state_dtype, stash_dtype=stash_dtype, conv_dtype=conv_dtype)
+
+    def step_traffic(self, tree: DraftTree, state_bytes: float, token_stash_bytes: float,
+                     mean_tokens: float) -> float:
+        """Bytes of GDN state one decoding request moves per GDN layer in one verify step (reads and writes):
+        what a step costs a strategy in memory traffic, which the simulator charges. ``tree``: the verified draft
+        (root included); ``state_bytes``: one recurrent state; ``token_stash_bytes``: one token's stash slot
+        (pseudo-value, key, decay); ``mean_tokens``: tokens accepted per step (how fast a buffer fills)."""
+        raise NotImplementedError(f"strategy={self.name}: says nothing of the state bytes it moves per step "
+                                  "(Strategy.step_traffic), which the simulator charges")
+
+    def buffer_needed(self, tree: DraftTree) -> int:
+        """Fewest buffered tokens a verify of ``tree`` needs (0: the strategy keeps no buffer)."""
+        return 0
 
     # -- what each strategy fills in ----------------------------------------
     @abstractmethod
@@ -135,6 +150,17 @@ _ORDER = ("store_all", "replay", "treewy", "treewy_deferred")
 def names() -> list[str]:
     """Registered strategy names, baseline first."""
     return sorted(_REGISTRY, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+
+
+def configured(name: str, settings: Mapping[str, Any] | None = None, **overrides) -> Strategy:
+    """:func:`get` with the options the strategy takes (``options``) from a run's ``settings`` (e.g. an engine
+    config holding ``buffer_len``); keys it does not take are not its business, a None value keeps its default.
+    ``overrides`` win over ``settings``."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        return get(name)                          # the error that names the strategies there are
+    merged = {**(settings or {}), **overrides}
+    return get(name, **{k: merged[k] for k in cls.options if merged.get(k) is not None})
 
 
 def get(name: str, **options) -> Strategy:

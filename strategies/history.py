@@ -110,10 +110,18 @@ class History:
 class DeferredFlush(Strategy):
     """A strategy whose carry is a :class:`History` of ``buffer_len`` tokens."""
 
+    options = ("buffer_len",)
+
     def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN):
         if int(buffer_len) < 1:
             raise ValueError(f"buffer_len={buffer_len}: must be >= 1 token")
         self.buffer_len = int(buffer_len)
+
+    def step_traffic(self, tree, state_bytes, token_stash_bytes, mean_tokens) -> float:
+        # the checkpoint read, a flush (one state written) every buffer_len / mean_tokens steps, the buffer and the
+        # verified nodes' stash
+        return (state_bytes + state_bytes * mean_tokens / self.buffer_len
+                + (self.buffer_len + tree.num_nodes) * token_stash_bytes)
 
     def start(self, state: torch.Tensor) -> History:
         return History.start(state, self.buffer_len)

@@ -47,3 +47,6 @@ class Replay(DeferredFlush):
 
     def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, self.buffer_len
+
+    def buffer_needed(self, tree: DraftTree) -> int:
+        return tree.num_nodes                       # a step's verified chain goes through the buffer whole

@@ -43,3 +43,6 @@ class StoreAll(CommittedState):
 
     def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return tree.num_drafts + 1, 0
+
+    def step_traffic(self, tree, state_bytes, token_stash_bytes, mean_tokens) -> float:
+        return (1 + tree.num_nodes) * state_bytes      # the committed state read, a snapshot written per node

@@ -93,3 +93,7 @@ class TreeWY(CommittedState):
 
     def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, tree.num_nodes
+
+    def step_traffic(self, tree, state_bytes, token_stash_bytes, mean_tokens) -> float:
+        # the state read and the accepted one written; the nodes' stash written by verify, read by commit
+        return 2 * state_bytes + 2 * tree.num_nodes * token_stash_bytes

@@ -53,3 +53,6 @@ class TreeWYDeferred(DeferredFlush):
 
     def footprint(self, tree: DraftTree) -> tuple[int, int]:
         return 1, tree.num_nodes + self.buffer_len
+
+    def buffer_needed(self, tree: DraftTree) -> int:
+        return tree.path_length                     # only the accepted path is buffered

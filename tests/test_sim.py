@@ -15,6 +15,7 @@ from harness.engines.base import GPUSpec, Point
 from harness.engines.sim.acceptance import rates_for
 from harness.engines.sim.engine import SimEngine
 from harness.engines.sim.memory import build_pool, stash_bytes
+from harness.engines.sim.step_time import build_step_model
 from strategies.paged import StashLayout
 from strategies import DraftTree
 from workloads import Arrival, Request
@@ -239,3 +240,32 @@ def test_vllm_server_gets_the_graph_capture_size_and_refuses_a_bad_one():
     for bad in (0, -16, "2048", 1.5, True):
         with pytest.raises(ValueError, match=r"engine\.max_cudagraph_capture_size"):
             settings_for(point(), {**vcfg, "max_cudagraph_capture_size": bad}, Path("/m"))
+
+
+def test_a_strategy_the_simulator_has_never_heard_of_is_charged_by_its_own_counts(monkeypatch):
+    """The simulator asks the strategy what a step moves and what a request holds (it used to fall through to the
+    deferred formula for any name it did not know): a new strategy runs from its own numbers, and one that says
+    nothing of its traffic is refused, not priced as another."""
+    from strategies import base
+    from strategies.treewy import TreeWY
+
+    class Wasteful(TreeWY):        # treewy's math and memory, three extra states read and written every step
+        def step_traffic(self, tree, state_bytes, token_stash_bytes, mean_tokens):
+            return super().step_traffic(tree, state_bytes, token_stash_bytes, mean_tokens) + 6 * state_bytes
+
+    class Silent(TreeWY):
+        step_traffic = base.Strategy.step_traffic
+
+    monkeypatch.setitem(base._REGISTRY, "wasteful", Wasteful)
+    monkeypatch.setitem(base._REGISTRY, "silent", Silent)
+    Wasteful.name, Silent.name = "wasteful", "silent"
+    fast, mf = run("treewy", c=64, n=300)
+    slow, ms = run("wasteful", c=64, n=300)
+    assert slow.telemetry["num_blocks"] == fast.telemetry["num_blocks"]           # the same pages per request
+    assert ms["output_throughput"] < mf["output_throughput"]
+    state = M35.gdn_shape().state_bytes(M35.state_dtype)
+    gdn = {name: build_step_model(M35, H200, name, CHAIN3, 3.24, CFG).gdn_bytes_per_request
+           for name in ("treewy", "wasteful")}
+    assert gdn["wasteful"] - gdn["treewy"] == pytest.approx(6 * state * M35.gdn_shape().num_layers)
+    with pytest.raises(NotImplementedError, match="strategy=silent: says nothing of the state bytes"):
+        run("silent", c=64, n=300)

@@ -142,11 +142,10 @@ def run_gate(cfg: dict[str, Any], strategy_factory: Callable[[str, tuple[int, ..
 
 def _default_factory(cfg):
     def make(name: str, widths: tuple[int, ...]) -> Strategy | None:
-        chain = all(w == 1 for w in widths)
-        if name == "replay" and not chain:
-            return None                                   # replay is for chains only
-        opts = {"buffer_len": int(cfg.get("buffer_len", 16))} if name in ("replay", "treewy_deferred") else {}
-        return strategies.get(name, **opts)
+        strat = strategies.configured(name, cfg)
+        if not strat.supports_trees and not all(w == 1 for w in widths):
+            return None                                   # a chains-only strategy (replay) skips the trees
+        return strat
     return make
 
 

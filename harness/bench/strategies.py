@@ -74,12 +74,10 @@ def bench_draft(cfg: DictConfig, spec: Any, shape: GDNShape, state_dtype: str) -
              for _ in range(int(cfg.steps))]
     runs: dict[str, Any] = {}
     for name in strategies.names():
-        opts = {}
-        if name == "replay":
-            opts["buffer_len"] = max(int(cfg.buffer_len), tree.num_nodes)
-        elif name == "treewy_deferred":
-            opts["buffer_len"] = max(int(cfg.buffer_len), tree.path_length)
-        strat = strategies.get(name, **opts)
+        strat = strategies.configured(name, {"buffer_len": int(cfg.buffer_len)})
+        if strat.buffer_needed(tree) > int(cfg.buffer_len):   # a buffer that one step would overflow: grown to fit
+            strat = strategies.configured(name, buffer_len=strat.buffer_needed(tree))
+        opts = {k: getattr(strat, k) for k in strat.options}
         if strat.supports_trees or tree.is_chain:
             runs[name] = (strat, opts)
     times: dict[str, list[float]] = {n: [] for n in runs}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import strategies
 from strategies import DraftTree
 
 from ...model import ModelSpec
@@ -37,15 +38,14 @@ class Pool:
 def stash_bytes(model: ModelSpec, strategy: str, tree: DraftTree | None, buffer_len: int, tp: int = 1) -> int:
     """Bytes of the plugin's stash in one GDN page: the strategy's stash slots (its own memory accounting)
     of float32 (pseudo-value, key, decay) plus a 16-byte header; 0 for store_all or no speculation."""
-    if strategy == "store_all" or tree is None:
+    if tree is None:
         return 0
-    import strategies
-
-    strat = strategies.get(strategy, **({"buffer_len": buffer_len} if strategy in ("replay", "treewy_deferred")
-                                        else {}))
+    slots = strategies.configured(strategy, {"buffer_len": buffer_len}).footprint(tree)[1]
+    if slots == 0:        # snapshots only (store_all): vLLM's own pages, no stash
+        return 0
     g = model.gdn_shape()
     per_token = (g.num_value_heads * g.value_head_dim + g.num_key_heads * g.key_head_dim + g.num_value_heads) // tp
-    return strat.footprint(tree)[1] * per_token * 4 + 16
+    return slots * per_token * 4 + 16
 
 
 def reserve_bytes(cfg: Mapping[str, Any], requested: int, speculative: bool) -> int:
@@ -59,7 +59,8 @@ def build_pool(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftTree | 
     """``tree``: the verified draft (root included), None without speculation. ``kv_cache_bytes``:
     the pool's size outright, as vLLM's ``kv_cache_memory_bytes`` sets it (gmu then unused)."""
     k = 0 if tree is None else tree.draft_depth           # the conv window widens by one path's drafts
-    pages = tree.num_drafts if (tree is not None and strategy == "store_all") else 0
+    # GDN pages beyond the committed state's: store_all's snapshots, one per draft token
+    pages = 0 if tree is None else strategies.configured(strategy, {"buffer_len": buffer_len}).footprint(tree)[0] - 1
     stash = stash_bytes(model, strategy, tree, buffer_len, tp)
     at = model.attention
     p = plan(model.gdn_shape(), attention_layers=at["num_layers"] + (model.mtp["num_layers"] if k else 0),

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+import strategies
 from strategies import DraftTree
 
 from ...model import ModelSpec
@@ -69,15 +70,12 @@ class StepModel:
 
 def gdn_traffic(strategy: str, tree: DraftTree | None, state: float, token_stash: float, mean_tokens: float,
                 buffer_len: int) -> float:
-    """Bytes of GDN state one decode request moves per layer per step (see the module docstring)."""
+    """Bytes of GDN state one decode request moves per layer per step (see the module docstring): the
+    strategy's own count (``Strategy.step_traffic``); without speculation one state read and one written."""
     if tree is None:
         return 2 * state
-    n = tree.num_nodes
-    if strategy == "store_all":
-        return (1 + n) * state
-    if strategy == "treewy":
-        return 2 * state + 2 * n * token_stash
-    return state + state * mean_tokens / buffer_len + (buffer_len + n) * token_stash
+    return strategies.configured(strategy, {"buffer_len": buffer_len}).step_traffic(tree, state, token_stash,
+                                                                                   mean_tokens)
 
 
 def build_step_model(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftTree | None,
