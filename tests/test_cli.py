@@ -94,16 +94,20 @@ def test_bench_strategies_small_run(tmp_path):
     assert by[("chain:3 (N=3)", "store_all")]["speculative_bytes"] == 3 * 30 * 2 * 2 ** 20  # 3 fp32 snapshots
 
 
-def test_a_key_no_config_has_is_refused_with_the_nearest_one_and_plus_only_opens_the_open_maps():
+def test_a_key_no_config_has_is_refused_with_the_nearest_one_and_plus_only_opens_the_open_maps(capsys):
     """Hydra's advice for a typo (`use +gmuu=0.6`) adds a key nothing reads: every command refuses both spellings,
-    naming the key it probably meant; '+' still adds the server's environment variables."""
+    naming the key it probably meant; '+' still adds the server's environment variables. (In this process:
+    the CLI's main, without an interpreter start per case.)"""
+    from harness.cli import main
+
     for args, want in ((["sweep", "gmuu=0.6"], "gmuu=0.6: no such key; did you mean gmu?"),
                        (["sweep", "+gmuu=0.6"], "+gmuu=0.6: adds a key no config has, which nothing would read "
                                                 "(did you mean gmu?)"),
                        (["sweep", "engine=sim", "engine.mood=graphs"], "did you mean engine.mode"),
                        (["sweep", "engine.mood=graphs"], "did you mean engine.mode"),    # auto resolved first
                        (["memory", "+formatt=json"], "did you mean format?")):
-        out = harness(*args, "--cfg")
-        assert out.returncode == 2 and want in out.stderr, (args, out.stderr[-1500:])
-    ok = harness("sweep", "engine=vllm", "+engine.env.VLLM_CPU_OMP_THREADS_BIND=0", "--cfg")
-    assert ok.returncode == 0 and "VLLM_CPU_OMP_THREADS_BIND: 0" in ok.stdout, ok.stderr[-1500:]
+        assert main([*args, "--cfg"]) == 2, args
+        err = capsys.readouterr().err
+        assert want in err, (args, err[-1500:])
+    assert main(["sweep", "engine=vllm", "+engine.env.VLLM_CPU_OMP_THREADS_BIND=0", "--cfg"]) == 0
+    assert "VLLM_CPU_OMP_THREADS_BIND: 0" in capsys.readouterr().out

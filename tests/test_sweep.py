@@ -27,6 +27,17 @@ def harness(*args, timeout=600, **kw):
                           timeout=timeout, **kw)
 
 
+def cli(capsys, *args) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS`` in this process (no interpreter start and imports per call): exit code and
+    what it printed, as :func:`harness` returns them."""
+    from harness.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out, err)
+
+
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("COMMITBENCH_CACHE", str(tmp_path / "cache"))
@@ -674,13 +685,13 @@ def test_points_whose_decode_steps_passed_vllm_s_largest_graph_are_named(tmp_pat
     assert not any("CUDA graph" in ln for ln in summary_lines(again))
 
 
-def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_engine_that_runs(tmp_path):
+def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_engine_that_runs(tmp_path, capsys):
     """`engine=auto` (the default) picks the simulator here; `engine.mode=graphs` must set that simulator's mode,
     not fail on auto's config nor be dropped when auto is resolved (the README's paper_35b command)."""
     one = ["sweep=quick", "concurrency=[8]", "strategy=[store_all]", "report=false"]
     runs = {}
     for mode in ("eager", "graphs"):
-        out = harness("sweep", *one, f"engine.mode={mode}", f"out={tmp_path / mode}")
+        out = cli(capsys, "sweep", *one, f"engine.mode={mode}", f"out={tmp_path / mode}")
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stderr.count("engine=auto: using the simulator") == 1      # said once, where it was decided
         (s,) = Store(tmp_path / mode).summaries()
@@ -688,18 +699,18 @@ def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_e
         runs[mode] = s["metrics"]["output_throughput"]
     assert runs["graphs"] > 1.2 * runs["eager"]     # the graphs' smaller per-step overhead did apply
     assert json.loads((tmp_path / "graphs" / "sweep.json").read_text())["engine"]["mode"] == "graphs"
-    cfg = harness("sweep", "sweep=paper_35b", "gpu=b200", "engine.mode=graphs", "--cfg")
+    cfg = cli(capsys, "sweep", "sweep=paper_35b", "gpu=b200", "engine.mode=graphs", "--cfg")
     assert cfg.returncode == 0 and "name: sim\n  mode: graphs" in cfg.stdout, cfg.stderr[-2000:]
-    bad = harness("sweep", *one, "engine.mood=graphs", f"out={tmp_path / 'bad'}")
+    bad = cli(capsys, "sweep", *one, "engine.mood=graphs", f"out={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "engine.mood" in bad.stderr and not (tmp_path / "bad").exists()
 
 
-def test_workload_settings_reach_every_swept_workload_that_has_them_and_a_typo_is_refused(tmp_path):
+def test_workload_settings_reach_every_swept_workload_that_has_them_and_a_typo_is_refused(tmp_path, capsys):
     """`workload.<key>=` sets the swept workloads' own configs (before, the sweep reloaded each workload's file and
     dropped it, so a Spec-Bench path that does not exist ran the bundled questions); a key no swept workload has,
     and a trace arrival a sweep cannot offer, stop the command before the folder is touched."""
     one = ["concurrency=[8]", "strategy=[store_all]", "draft=[chain:3]", "report=false", "engine=sim"]
-    out = harness("sweep", "workload=spec_bench,balanced_chat", "workload.path=/nonexistent/question.jsonl",
+    out = cli(capsys, "sweep", "workload=spec_bench,balanced_chat", "workload.path=/nonexistent/question.jsonl",
                   "workload.seed=3", *one, f"out={tmp_path / 's'}")
     assert out.returncode == 0, out.stderr[-2000:]
     got = {s["config"]["workload_name"]: s for s in Store(tmp_path / "s").summaries()}
@@ -708,12 +719,13 @@ def test_workload_settings_reach_every_swept_workload_that_has_them_and_a_typo_i
     assert {s["config"]["workload"]["seed"] for s in got.values()} == {3}
     for bad, why in (("workload.pth=/x", "did you mean workload.path"),
                      ("workload.arrival.kind=trace", "arrival.kind=trace")):
-        r = harness("sweep", "workload=spec_bench", bad, *one, f"out={tmp_path / 'bad'}")
+        r = cli(capsys, "sweep", "workload=spec_bench", bad, *one, f"out={tmp_path / 'bad'}")
         assert r.returncode == 2 and why in r.stderr, r.stderr[-2000:]
         assert not (tmp_path / "bad").exists()
 
 
-def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_before_the_first_point(tmp_path):
+def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_before_the_first_point(tmp_path,
+                                                                                                      capsys):
     """A flat list of integers is one tree, a list of shapes an axis; Hydra's bare draft=3,3,3 (three drafts of
     width 3, which the sweep used to run as one level of width 3) is refused with both spellings; parents:[...]
     passes Hydra's grammar; values that used to fail every point, or an empty grid, exit 2 first."""
@@ -723,7 +735,7 @@ def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_b
              ("draft=[[2,1],chain:1]", ["2,1", "chain:1"]), ("draft=parents:[-1,0,0]", ["parents:[-1,0,0]"]),
              ("draft=chain:2,none", ["chain:2", None]))
     for i, (arg, want) in enumerate(cases):
-        out = harness("sweep", *one, arg, f"out={tmp_path / f'd{i}'}")
+        out = cli(capsys, "sweep", *one, arg, f"out={tmp_path / f'd{i}'}")
         assert out.returncode == 0, (arg, out.stderr[-2000:])
         got = sorted(Store(tmp_path / f"d{i}").summaries(), key=lambda s: want.index(s["config"]["draft"]))
         assert [s["config"]["draft"] for s in got] == want and all(s["status"] == "ok" for s in got), arg
@@ -736,6 +748,6 @@ def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_b
                      ("seed=[0,1]", "seed=[0, 1]: one whole number per sweep"),
                      ("gmu=[]", "gmu=[]: the grid needs at least one value"),
                      ("jobs=abc", "jobs=abc: must be a whole number")):
-        r = harness("sweep", *one, bad, f"out={tmp_path / 'bad'}", timeout=120)
+        r = cli(capsys, "sweep", *one, bad, f"out={tmp_path / 'bad'}")
         assert r.returncode == 2 and why in r.stderr, (bad, r.stderr[-2000:])
         assert not (tmp_path / "bad").exists()
