@@ -214,22 +214,32 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def workload_configs(names: Sequence[str], settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Each swept workload's config (``conf/workload/<name>.yaml``) with ``workload.<key>=`` settings merged into
-    the workloads that have the key (``workload.path=FILE`` sets every swept workload's path). A key no swept
-    workload has is an error naming the closest keys, never dropped; the points record the merged configs."""
+    """Each swept workload's config (``conf/workload/<name>.yaml``) with the ``workload.`` settings merged in:
+    ``workload.<name>.<key>=`` sets that workload (``workload.burstgpt.path=FILE`` in a grid of several),
+    ``workload.<key>=`` every swept workload that has the key (``workload.seed=3``). A key its workloads do not
+    have is an error naming the closest keys, never dropped; the points record the merged configs."""
     import difflib
 
     loaded = [OmegaConf.load(conf_dir() / "workload" / f"{n}.yaml") for n in names]
-    for key, value in _flat(settings or {}):
-        took = False
-        for i, w in enumerate(loaded):
-            if OmegaConf.select(w, key, throw_on_missing=False, default=_ABSENT) is not _ABSENT:
-                loaded[i], took = OmegaConf.merge(w, _nested(key, value)), True
-        if not took:
-            keys = sorted({k for w in loaded for k, _ in _flat(OmegaConf.to_container(w))})
-            near = difflib.get_close_matches(key, keys, n=3) or keys
-            raise ValueError(f"workload.{key}={value}: no swept workload ({', '.join(names)}) has {key}; "
-                             f"did you mean {' or '.join('workload.' + k for k in near)}?")
+    settings = dict(settings or {})
+    scoped = [(names.index(n), settings.pop(n)) for n in list(settings) if n in names]
+    for i, given in scoped:
+        if not isinstance(given, dict):
+            raise ValueError(f"workload.{names[i]}={given}: set that workload's keys, e.g. "
+                             f"workload.{names[i]}.path=FILE")
+    for targets, given, label in [(range(len(names)), settings, "")] + \
+            [([i], given, f"{names[i]}.") for i, given in scoped]:
+        for key, value in _flat(given):
+            took = False
+            for i in targets:
+                if OmegaConf.select(loaded[i], key, throw_on_missing=False, default=_ABSENT) is not _ABSENT:
+                    loaded[i], took = OmegaConf.merge(loaded[i], _nested(key, value)), True
+            if not took:
+                keys = sorted({k for i in targets for k, _ in _flat(OmegaConf.to_container(loaded[i]))})
+                near = difflib.get_close_matches(key, keys, n=3) or keys
+                whose = names[targets[0]] if label else f"no swept workload ({', '.join(names)})"
+                raise ValueError(f"workload.{label}{key}={value}: {whose} has no {key}; "
+                                 f"did you mean {' or '.join(f'workload.{label}{k}' for k in near)}?")
     return [OmegaConf.to_container(w, resolve=True) for w in loaded]
 
 

@@ -717,7 +717,16 @@ def test_workload_settings_reach_every_swept_workload_that_has_them_and_a_typo_i
     assert got["spec_bench"]["status"] == "failed" and "/nonexistent/question.jsonl" in got["spec_bench"]["reason"]
     assert got["balanced_chat"]["status"] == "ok" and "path" not in got["balanced_chat"]["config"]["workload"]
     assert {s["config"]["workload"]["seed"] for s in got.values()} == {3}
+    # one workload of several: its name first (ShareGPT, Spec-Bench and BurstGPT all have a path)
+    two = cli(capsys, "sweep", "workload=spec_bench,sharegpt", "workload.spec_bench.path=/nonexistent/q.jsonl",
+              *one, f"out={tmp_path / 'two'}")
+    assert two.returncode == 0, two.stderr[-2000:]
+    got = {s["config"]["workload_name"]: s for s in Store(tmp_path / "two").summaries()}
+    assert got["spec_bench"]["status"] == "failed" and "/nonexistent/q.jsonl" in got["spec_bench"]["reason"]
+    assert got["sharegpt"]["status"] == "ok" and got["sharegpt"]["config"]["workload"]["path"] is None
     for bad, why in (("workload.pth=/x", "did you mean workload.path"),
+                     ("workload.spec_bench.pth=/x", "workload.spec_bench.pth=/x: spec_bench has no pth; did you "
+                                                    "mean workload.spec_bench.path"),
                      ("workload.arrival.kind=trace", "arrival.kind=trace")):
         r = cli(capsys, "sweep", "workload=spec_bench", bad, *one, f"out={tmp_path / 'bad'}")
         assert r.returncode == 2 and why in r.stderr, r.stderr[-2000:]
