@@ -50,13 +50,15 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
             raise ValueError(f"{o}: adds a key no config has, which nothing would read "
                              f"({_nearest(config_name, key.lstrip('+'), overrides)}); only "
                              f"{' and '.join(m + '<key>' for m in OPEN_MAPS)} take new keys (with +)")
-    if _has_engine_group(config_name):
-        picked = _compose(config_name, [o for o in overrides if not _sets_engine_key(o)])
-        if picked.get("engine", {}).get("name") == "auto":
-            from .sweep import resolve_engine
+    inside = [o for o in overrides if _sets_engine_key(o)]
+    picked = _compose(config_name, [o for o in overrides if o not in inside])
+    if (picked.get("engine") or {}).get("name") == "auto":
+        from .sweep import resolve_engine
 
-            overrides = [o for o in overrides if not o.startswith("engine=")] \
-                + [f"engine={resolve_engine('auto', quiet=quiet)}"]
+        overrides = [o for o in overrides if not o.startswith("engine=")] \
+            + [f"engine={resolve_engine('auto', quiet=quiet)}"]
+    elif not inside:
+        return picked
     return _compose(config_name, overrides)
 
 
@@ -99,15 +101,6 @@ def _nearest(config_name: str, key: str, overrides: Sequence[str]) -> str:
     walk(cfg, "")
     near = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
     return f"did you mean {' or '.join(near)}?" if near else "python -m harness <command> --cfg lists the keys"
-
-
-def _has_engine_group(config_name: str) -> bool:
-    """Whether ``conf/<config_name>.yaml`` picks an engine from conf/engine/ (its defaults list names it)."""
-    path = conf_dir() / f"{config_name}.yaml"
-    if not path.is_file():
-        return False
-    defaults = OmegaConf.load(path).get("defaults") or []
-    return any(isinstance(d, (dict, DictConfig)) and "engine" in d for d in defaults)
 
 
 def _sets_engine_key(override: str) -> bool:

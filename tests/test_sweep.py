@@ -699,8 +699,9 @@ def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_e
         runs[mode] = s["metrics"]["output_throughput"]
     assert runs["graphs"] > 1.2 * runs["eager"]     # the graphs' smaller per-step overhead did apply
     assert json.loads((tmp_path / "graphs" / "sweep.json").read_text())["engine"]["mode"] == "graphs"
-    cfg = cli(capsys, "sweep", "sweep=paper_35b", "gpu=b200", "engine.mode=graphs", "--cfg")
-    assert cfg.returncode == 0 and "name: sim\n  mode: graphs" in cfg.stdout, cfg.stderr[-2000:]
+    for cmd in (["sweep", "sweep=paper_35b", "gpu=b200"], ["run"]):     # run's engine comes through sweep's defaults
+        cfg = cli(capsys, *cmd, "engine.mode=graphs", "--cfg")
+        assert cfg.returncode == 0 and "name: sim\n  mode: graphs" in cfg.stdout, (cmd, cfg.stderr[-2000:])
     bad = cli(capsys, "sweep", *one, "engine.mood=graphs", f"out={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "engine.mood" in bad.stderr and not (tmp_path / "bad").exists()
 
