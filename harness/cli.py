@@ -134,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose(args.config, overrides)
         if args.cfg:
             from omegaconf import OmegaConf
+
+            if args.config in GRID_CONFIGS:    # what the command would refuse before its first point, --cfg too
+                from .sweep import point_configs
+
+                point_configs(OmegaConf.to_container(cfg, resolve=True))
             print(OmegaConf.to_yaml(cfg))
             return 0
         return int(_runner(args.target)(cfg) or 0)

@@ -17,9 +17,6 @@ from strategies import DraftTree
 from .model import ModelSpec
 
 ENV_CONF = "COMMITBENCH_CONF"
-# Maps that exist to take arbitrary keys (Hydra's +key= form): the server's environment, the swept workloads'
-# settings (harness.sweep.workload_configs checks those against the workloads). Anywhere else '+' is refused.
-OPEN_MAPS = ("engine.env.", "workload.")
 
 
 def conf_dir() -> Path:
@@ -42,14 +39,12 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
 
     ``engine=auto`` (the default engine of ``sweep`` and ``run``) is resolved before the overrides apply: the
     config is composed once without the ``engine.*`` overrides to see which engine it picks, and where that is
-    ``auto``, again with ``engine=<sim|vllm>``, so ``engine.mode=graphs`` sets the engine that runs."""
+    ``auto``, again with ``engine=<sim|vllm>``, so ``engine.mode=graphs`` sets the engine that runs. Hydra's
+    ``+key=`` adds a key only where something reads it (:func:`_check_added`)."""
     overrides = list(overrides)
-    for o in overrides:     # Hydra's '+' adds any key; only the open maps take keys no config has
-        key = o.split("=", 1)[0]
-        if key.startswith("+") and not key.lstrip("+").startswith(OPEN_MAPS):
-            raise ValueError(f"{o}: adds a key no config has, which nothing would read "
-                             f"({_nearest(config_name, key.lstrip('+'), overrides)}); only "
-                             f"{' and '.join(m + '<key>' for m in OPEN_MAPS)} take new keys (with +)")
+    for o in overrides:
+        if o.split("=", 1)[0].lstrip("+~") == "engine.name":
+            raise ValueError(f"{o}: the engine is a choice of conf/engine/, engine=sim|vllm|auto, not a key to set")
     inside = [o for o in overrides if _sets_engine_key(o)]
     picked = _compose(config_name, [o for o in overrides if o not in inside])
     if (picked.get("engine") or {}).get("name") == "auto":
@@ -58,8 +53,43 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
         overrides = [o for o in overrides if not o.startswith("engine=")] \
             + [f"engine={resolve_engine('auto', quiet=quiet)}"]
     elif not inside:
+        _check_added(config_name, overrides)
         return picked
-    return _compose(config_name, overrides)
+    cfg = _compose(config_name, overrides)
+    _check_added(config_name, overrides)
+    return cfg
+
+
+def _check_added(config_name: str, overrides: list[str]) -> None:
+    """Hydra's ``+key=`` adds any key, and a key nothing reads is an experiment silently not run: each one must
+    name a key the config has already (``++gmu=0.6``), or a new key of an open map: the server's environment
+    (``engine.env``, where the engine has one) or, in a grid (sweep, run), the swept workloads' settings
+    (``workload.``, which :func:`harness.sweep.workload_configs` checks against the workloads)."""
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        if not key.startswith("+"):
+            continue
+        path = key.lstrip("+")
+        base = OmegaConf.to_container(_compose(config_name, [x for x in overrides if x is not o]))
+        if _select(base, path) is not _ABSENT:
+            continue
+        if (path.rsplit(".", 1)[0] == "engine.env" and isinstance(_select(base, "engine.env"), dict)) or \
+                (path.startswith("workload.") and "workloads" in base):
+            continue
+        raise ValueError(f"{o}: adds a key no config has, which nothing would read "
+                         f"({_nearest(config_name, path, overrides)}); '+' adds keys only to engine.env (engine=vllm) "
+                         "and, in sweep and run, to the swept workloads' settings (workload.<key>=)")
+
+
+_ABSENT = object()
+
+
+def _select(node: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
@@ -75,6 +105,8 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
             msg = str(e).split("\nConfig search path")[0].strip()
     if m := re.match(r"Could not override '([^']+)'", msg):    # a key no config has: never '+' it
         bad = next((o for o in overrides if o.split("=", 1)[0] == m[1]), m[1])
+        if m[1].startswith("engine.env."):
+            raise ValueError(f"{bad}: engine.env takes new keys with '+': +{bad}")
         raise ValueError(f"{bad}: no such key; {_nearest(config_name, m[1], overrides)}")
     groups = sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
     raise ValueError(f"{' '.join(overrides) or config_name}: {msg}\n"

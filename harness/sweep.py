@@ -27,7 +27,6 @@ from .store import Store
 
 AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft")
 ALIASES = {"workload": "workloads", "strategies": "strategy", "drafts": "draft"}
-MAX_DRAFT_TOKENS = 64    # per step: bench kernels' and bench strategies' longest chains; a typo beyond it is refused
 
 
 def normalize_overrides(overrides: Sequence[str]) -> list[str]:
@@ -43,9 +42,15 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
             continue
         key = ALIASES.get(key, key)
         if key.lstrip("+").startswith("workload."):    # a setting of the swept workloads (workload_configs)
+            if "," in value and not value.lstrip().startswith(("[", "{", "'", '"')):
+                raise ValueError(f"{text}: only the grid's axes take several values ({', '.join(AXES)}); a "
+                                 "workload setting takes one (quote a value that holds a comma)")
             out.append(f"++{key.lstrip('+')}={value}")
             continue
         if key == "draft" and value.startswith("parents:"):   # Hydra's grammar reads no ':[' inside a value
+            if "]," in value:
+                raise ValueError(f"{text}: several shapes with a parents list need a list of quoted shapes, "
+                                 f"quoted again for the shell: 'draft=[\"parents:[-1,0,0]\",chain:3]'")
             out.append(f"draft=['{value}']")
             continue
         try:
@@ -83,7 +88,8 @@ def draft_axis(value: Any) -> list[str | None]:
             else:
                 raise ValueError(f"draft={list(value)}: {v!r} is neither a shape nor a list of widths; a list of "
                                  "integers alone is one tree (draft=[3,3,3]), an axis lists shapes "
-                                 "(draft=[chain:3,'3,3,3'])")
+                                 "(draft=[chain:3,'3,3,3'], quoted whole for the shell: \"draft=[chain:3,'3,3,3']\", "
+                                 "or the inner quotes are lost)")
         return out
     return [value if value is None or isinstance(value, str) else str(value)]
 
@@ -146,9 +152,6 @@ def validate(cfg: dict[str, Any]) -> None:
             tree = parse_draft(d, root=True)
             if tree.num_drafts < 1:
                 raise ValueError(f"draft={d}: a draft needs at least one token; draft=none is speculation off")
-            if tree.num_drafts > MAX_DRAFT_TOKENS:
-                raise ValueError(f"draft={d}: {tree.num_drafts} draft tokens per step; a sweep takes at most "
-                                 f"{MAX_DRAFT_TOKENS} (MTP drafts a few; the paper's largest tree has 39)")
     for axis in AXES:
         if axis in cfg and isinstance(cfg[axis], (list, tuple)) and not cfg[axis]:
             raise ValueError(f"{axis}=[]: the grid needs at least one value on every axis")
@@ -232,15 +235,27 @@ def workload_configs(names: Sequence[str], settings: dict[str, Any] | None = Non
         for key, value in _flat(given):
             took = False
             for i in targets:
-                if OmegaConf.select(loaded[i], key, throw_on_missing=False, default=_ABSENT) is not _ABSENT:
+                if _settable(loaded[i], key):
                     loaded[i], took = OmegaConf.merge(loaded[i], _nested(key, value)), True
             if not took:
                 keys = sorted({k for i in targets for k, _ in _flat(OmegaConf.to_container(loaded[i]))})
-                near = difflib.get_close_matches(key, keys, n=3) or keys
-                whose = names[targets[0]] if label else f"no swept workload ({', '.join(names)})"
-                raise ValueError(f"workload.{label}{key}={value}: {whose} has no {key}; "
+                near = difflib.get_close_matches(key, keys, n=3) or keys[:8]
+                whose = f"{names[targets[0]]} has no" if label else \
+                    f"none of the swept workloads ({', '.join(names)}) has"
+                raise ValueError(f"workload.{label}{key}={value}: {whose} {key}; "
                                  f"did you mean {' or '.join(f'workload.{label}{k}' for k in near)}?")
     return [OmegaConf.to_container(w, resolve=True) for w in loaded]
+
+
+def _settable(workload: DictConfig, key: str) -> bool:
+    """Whether ``key`` names a setting of ``workload``: a key it has, or one below a key it leaves null (most
+    workloads leave ``filters`` null; ``workload.filters.max_prompt_len=1024`` sets one)."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        found = OmegaConf.select(workload, ".".join(parts[:n]), throw_on_missing=False, default=_ABSENT)
+        if found is not _ABSENT:
+            return n == len(parts) or found is None
+    return False
 
 
 _ABSENT = object()

@@ -105,9 +105,16 @@ def test_a_key_no_config_has_is_refused_with_the_nearest_one_and_plus_only_opens
                                                 "(did you mean gmu?)"),
                        (["sweep", "engine=sim", "engine.mood=graphs"], "did you mean engine.mode"),
                        (["sweep", "engine.mood=graphs"], "did you mean engine.mode"),    # auto resolved first
-                       (["memory", "+formatt=json"], "did you mean format?")):
+                       (["memory", "+formatt=json"], "did you mean format?"),
+                       (["memory", "+workload.x=1"], "adds a key no config has"),     # no grid: no workload settings
+                       (["sweep", "engine=sim", "+engine.env.X=1"], "adds a key no config has"),   # sim has no env
+                       (["sweep", "engine=vllm", "engine.env.X=1"], "engine.env takes new keys with '+'"),
+                       (["sweep", "engine.name=vllm"], "the engine is a choice of conf/engine/"),
+                       (["sweep", "workload.seed=1,2"], "a workload setting takes one"),
+                       (["sweep", "workload.nope=1"], "none of the swept workloads")):   # --cfg checks the grid too
         assert main([*args, "--cfg"]) == 2, args
         err = capsys.readouterr().err
         assert want in err, (args, err[-1500:])
     assert main(["sweep", "engine=vllm", "+engine.env.VLLM_CPU_OMP_THREADS_BIND=0", "--cfg"]) == 0
     assert "VLLM_CPU_OMP_THREADS_BIND: 0" in capsys.readouterr().out
+    assert main(["sweep", "++gmu=[0.6]", "--cfg"]) == 0 and "- 0.6" in capsys.readouterr().out    # an existing key

@@ -461,6 +461,9 @@ CAMPAIGNS = {"final": None, "capture2048": 2048}
 # analysis, reports) cannot change a measurement; the config a point ran with is compared whole instead.
 MEASURED = ("strategies", "workloads", "harness/engines/vllm", "harness/engines/base.py",
             "harness/engines/sim/acceptance.py", "harness/model.py")
+# ... and the functions, in files that also do other jobs, that turn a point's config into what it runs: its
+# requests and arrivals, and the draft tree vLLM gets.
+MEASURED_FUNCTIONS = {"harness/point.py": ("build_point", "arrival_of"), "harness/config.py": ("parse_draft",)}
 AXIS_KEYS = {"strategy", "draft", "gmu", "load", "requests"}     # what differs between a grid's points
 
 
@@ -516,6 +519,24 @@ def test_every_point_of_an_h200_campaign_ran_the_same_measured_code_in_vllm_s_de
         if diff.returncode != 0:
             pytest.skip(f"this checkout lacks the history of {first[:8]} or {other[:8]}: {diff.stderr[:200]}")
         assert diff.stdout == "", f"the campaign's points ran different measured code ({first[:8]} vs {other[:8]}):\n{diff.stdout}"
+        for path, names in MEASURED_FUNCTIONS.items():
+            for name in names:
+                a, b = (_function_source(c, path, name) for c in (first, other))
+                assert a, f"{path}:{name} is not at {first[:8]}: update MEASURED_FUNCTIONS"
+                assert a == b, f"the campaign's points ran different {path}:{name} ({first[:8]} vs {other[:8]})"
+
+
+def _function_source(commit: str, path: str, name: str) -> str:
+    """A top-level function's source at ``commit`` (its text as git has it), or '' where the file lacks it."""
+    import ast
+    import subprocess
+
+    text = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=H200_E2E.parents[2], capture_output=True,
+                          text=True, timeout=60).stdout
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(text, node) or ""
+    return ""
 
 
 def test_only_the_strategies_torch_reference_keeps_vllm_off_full_graphs():
