@@ -46,16 +46,15 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
         if o.split("=", 1)[0].lstrip("+~") == "engine.name":
             raise ValueError(f"{o}: the engine is a choice of conf/engine/, engine=sim|vllm|auto, not a key to set")
     inside = [o for o in overrides if _sets_engine_key(o)]
-    picked = _compose(config_name, [o for o in overrides if o not in inside])
-    if (picked.get("engine") or {}).get("name") == "auto":
+    cfg = _compose(config_name, [o for o in overrides if o not in inside])
+    auto = (cfg.get("engine") or {}).get("name") == "auto"
+    if auto:
         from .sweep import resolve_engine
 
         overrides = [o for o in overrides if not o.startswith("engine=")] \
             + [f"engine={resolve_engine('auto', quiet=quiet)}"]
-    elif not inside:
-        _check_added(config_name, overrides)
-        return picked
-    cfg = _compose(config_name, overrides)
+    if auto or inside:
+        cfg = _compose(config_name, overrides)
     _check_added(config_name, overrides)
     return cfg
 
