@@ -1,6 +1,7 @@
 """Analysis of a result store: per-point metrics, memory-bound points, regime-split ratios.
 
-``python -m harness analyze DIR`` writes ``DIR/analysis.json`` and prints the summary. A
+:func:`analyze` only reads the store; :func:`write_analysis` stores its result as ``DIR/analysis.json`` (``python
+-m harness analyze DIR``, a sweep's end and ``report`` do; ``compare`` reads two folders and writes neither). A
 (workload, gmu, load, draft) group is memory-bound when its *baseline* point's pool was exhausted
 (see analysis.regimes); every other strategy's point in the group is compared with the baseline.
 With a sweep ``anchor``, :func:`drift` lists its measurements over the sweep's commands (harness.anchor), and
@@ -115,8 +116,14 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
         "anchor": (anchor := drift(store)),
         "side_by_side": side_by_side(groups, base, store, anchor),
     }
-    Path(store.root / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def write_analysis(store, result: dict[str, Any]) -> Path:
+    """Store ``result`` (:func:`analyze`'s) beside the points it was computed from, as ``analysis.json``."""
+    path = Path(store.root) / "analysis.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    return path
 
 
 def vs_no_spec(groups: dict[tuple, dict[str, dict]], base: str) -> dict[str, dict[str, Any]]:

@@ -39,13 +39,14 @@ def run_one(cfg: DictConfig) -> int:
 
 
 def analyze_cmd(cfg: DictConfig) -> int:
-    from analysis.sweep import analyze, print_summary
+    from analysis.sweep import analyze, print_summary, write_analysis
 
     from .console import console
 
-    result = analyze(_store(cfg.dir))
+    store = _store(cfg.dir)
+    result = analyze(store)
     print_summary(result, console())
-    print(f"wrote {Path(cfg.dir) / 'analysis.json'}")
+    print(f"wrote {write_analysis(store, result)}")
     return 0
 
 

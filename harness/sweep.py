@@ -385,9 +385,10 @@ def run(cfg: DictConfig) -> int:
         console.print(f"[bold]time_budget_s={c['time_budget_s']}[/]: stopped before {stop['point_id']} ({est}, "
                       f"{max(stop['left_s'], 0):.0f} s left); {stop['points_left']} points left for the next "
                       "command: rerun the same command to resume")
-    from analysis.sweep import analyze, print_summary
+    from analysis.sweep import analyze, print_summary, write_analysis
 
     result = analyze(store)
+    write_analysis(store, result)
     report_path = None
     if c.get("report", True):
         from reports.build import build_report

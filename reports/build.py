@@ -47,9 +47,10 @@ def make_figures(store, result) -> list[tuple[str, Any]]:
 
 def build_report(store, result: dict[str, Any] | None = None) -> Path:
     if result is None:
-        from analysis.sweep import analyze
+        from analysis.sweep import analyze, write_analysis
 
         result = analyze(store)
+        write_analysis(store, result)
     if not any(p["status"] == "ok" for p in result["points"]):
         raise ValueError(f"{store.root}: no finished points to report on; run the sweep first")
     figs = make_figures(store, result)

@@ -546,8 +546,14 @@ def test_run_one_point_and_compare_two_sweeps(tmp_path):
     assert many.returncode == 2 and "describe 2 points" in many.stderr
     for name in ("a", "b"):
         assert harness("sweep", *QUICK, f"out={tmp_path / name}", "report=false").returncode == 0
+    for name in ("a", "b"):     # as a folder analysed by older code: compare must not rewrite what it holds
+        (tmp_path / name / "analysis.json").unlink()
+    before = {p: p.read_bytes() for name in ("a", "b") for p in (tmp_path / name).rglob("*") if p.is_file()}
     cmp = harness("compare", str(tmp_path / "a"), str(tmp_path / "b"))
     assert cmp.returncode == 0 and "4 common points" in cmp.stdout and "agrees on 4" in cmp.stdout
+    # compare reads both folders and writes neither (a closed campaign's analysis.json stays as committed)
+    after = {p: p.read_bytes() for name in ("a", "b") for p in (tmp_path / name).rglob("*") if p.is_file()}
+    assert after == before
     assert "c8 chain:3" in cmp.stdout, cmp.stdout
     rep = harness("report", f"out={tmp_path / 'a'}")   # sweep's spelling of the folder works here too
     assert rep.returncode == 0 and (tmp_path / "a" / "report.pdf").is_file()
