@@ -212,6 +212,26 @@ def test_burstgpt_arrivals_trace_rescaled_and_poisson(tmp_path):
     assert len(poisson) == 3 and all(r.arrival_s > 0 for r in poisson)
 
 
+def test_burstgpt_trace_times_follow_their_requests_through_length_filters(tmp_path):
+    """A length filter drops requests from a trace: each kept request keeps its own timestamp (the times were
+    once cut to the count instead, so every request after a dropped one took an earlier one's time)."""
+    path = _burst(tmp_path, SIX, ROWS)
+    cfg = conf("burstgpt", path=str(path), num_requests=None, arrival={"kind": "trace"},
+               filters={"min_len": 41, "max_prompt_len": None, "max_total_len": None})   # drops (30, 40) at t = 20
+    reqs, report = workloads.build(cfg).requests()
+    assert [(r.prompt_len, r.arrival_s) for r in reqs] == [(400, 0.0), (60, 30.0)]
+    assert report.counts["after filters"] == 2
+
+
+def test_burstgpt_trace_is_not_repeated_to_reach_num_requests(tmp_path):
+    path = _burst(tmp_path, SIX, ROWS)
+    cfg = conf("burstgpt", path=str(path), num_requests=5, arrival={"kind": "trace"})
+    with pytest.raises(ValueError, match=r"workload.num_requests=5: .* 3 requests .*num_requests<=3"):
+        workloads.build(cfg).requests()
+    poisson, report = workloads.build({**cfg, "arrival": {"kind": "poisson", "rate": 4.0}}).requests()
+    assert len(poisson) == 5 and "reused them in order" in report.notes[-1]
+
+
 def test_burstgpt_errors_say_where_and_what(tmp_path, monkeypatch):
     monkeypatch.delenv("COMMITBENCH_BURSTGPT", raising=False)
     with pytest.raises(FileNotFoundError, match="BurstGPT_1.csv.*github.com/HPMLL/BurstGPT.*workload.path"):

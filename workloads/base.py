@@ -47,8 +47,10 @@ class Workload(ABC):
 
     def requests(self) -> tuple[list[Request], LoadReport]:
         reqs, report, times = self.load()
-        if self.filter is not None:
-            reqs, dropped = self.filter.apply(reqs, [(r.prompt_len, r.output_len) for r in reqs])
+        if self.filter is not None:     # a trace's times go with their requests (an item is the pair)
+            pairs = list(zip(reqs, times, strict=True)) if times else reqs
+            kept, dropped = self.filter.apply(pairs, [(r.prompt_len, r.output_len) for r in reqs])
+            reqs, times = ([r for r, _ in kept], [t for _, t in kept]) if times else (kept, times)
             for why, n in dropped.items():
                 report.counts[f"dropped: {why}"] = n
             report.counts["after filters"] = len(reqs)
@@ -64,6 +66,10 @@ class Workload(ABC):
             n = int(self.num_requests)
             if n < 1:
                 raise ValueError(f"workload.num_requests={n}: must be >= 1 (or null for all)")
+            if n > len(reqs) and self.arrival.kind == "trace":
+                raise ValueError(f"workload.num_requests={n}: workload={self.name} has {len(reqs)} requests after "
+                                 f"filters, and trace arrivals cannot be repeated; set workload.num_requests<="
+                                 f"{len(reqs)} (or null for all), or workload.arrival.kind=poisson")
             if n > len(reqs):
                 report.notes.append(f"num_requests={n} > the {len(reqs)} requests available: reused them in order")
                 reqs = [reqs[i % len(reqs)] for i in range(n)]
