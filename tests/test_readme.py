@@ -282,3 +282,19 @@ def test_readme_other_command(cmd, scratch):
         assert module.is_file(), f"{argv[2]}: no such module in this {top} ({module})"
     else:
         assert how == "self"
+
+
+def test_architecture_doc_names_files_that_exist():
+    """docs/ARCHITECTURE.md describes the code as it is: every module, folder and function it names exists."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    assert "docs/ARCHITECTURE.md" in README.read_text()
+    named = set(re.findall(r"`((?:strategies|workloads|harness|analysis|reports|conf|tests)/[\w/<>.-]*)(?::(\w+))?",
+                           text))
+    assert len(named) > 20
+    for path, attr in named:
+        if "<" in path:          # a pattern such as strategies/<name>.py
+            continue
+        assert (ROOT / path).exists(), f"docs/ARCHITECTURE.md names {path}, which is gone"
+        if attr and path.endswith(".py"):
+            assert re.search(rf"^(def|class) {attr}\b|^{attr}\b", (ROOT / path).read_text(), re.M), \
+                f"docs/ARCHITECTURE.md names {path}:{attr}, which is gone"
