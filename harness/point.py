@@ -32,11 +32,18 @@ from .store import Store
 from .config import parse_draft
 
 
+def memory_budget(cfg: dict[str, Any]) -> str:
+    """How a point's memory is budgeted, as its id spells it: ``gmu0.9``, or ``kv32MiB`` where
+    ``engine.kv_cache_bytes`` sizes the KV pool outright (gmu then sizes nothing)."""
+    kv = (cfg.get("engine") or {}).get("kv_cache_bytes")
+    return f"kv{int(kv) / 2**20:g}MiB" if kv else f"gmu{cfg['gmu']:g}"
+
+
 def point_id(cfg: dict[str, Any]) -> str:
     load = cfg["load"]
     ld = f"c{load['concurrency']}" if load["kind"] == "closed" else f"{load['kind'][0]}{load['rate']:g}"
     draft = "nospec" if not cfg.get("draft") else parse_draft(cfg["draft"], root=True).label.removesuffix("+root")
-    return (f"{cfg['workload_name']}-gmu{cfg['gmu']:g}-{ld}-{draft.replace(':', '').replace(',', 'x')}"
+    return (f"{cfg['workload_name']}-{memory_budget(cfg)}-{ld}-{draft.replace(':', '').replace(',', 'x')}"
             f"-{cfg['strategy']}")
 
 

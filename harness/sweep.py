@@ -138,6 +138,14 @@ def validate(cfg: dict[str, Any]) -> None:
     for g in _as_list(cfg.get("gmu")):
         if not isinstance(g, (int, float)) or not 0 < float(g) <= 1:
             raise ValueError(f"gmu={g}: must be in (0, 1]")
+    kv = (cfg.get("engine") or {}).get("kv_cache_bytes")
+    if kv is not None and (not isinstance(kv, int) or kv <= 0):
+        raise ValueError(f"engine.kv_cache_bytes={kv}: must be a whole number of bytes > 0 (or null to size the "
+                         "pool from gmu)")
+    if kv and len(_as_list(cfg.get("gmu"))) > 1:
+        raise ValueError(f"gmu={_as_list(cfg.get('gmu'))} with engine.kv_cache_bytes={kv}: the pool is sized by "
+                         "kv_cache_bytes, so every gmu would run the same point; give one gmu, or "
+                         "engine.kv_cache_bytes=null to sweep gmu")
     for s in _as_list(cfg.get("strategy")):
         if s not in strategies.names():
             raise ValueError(f"strategy={s}: unknown; choose from {', '.join(strategies.names())}")

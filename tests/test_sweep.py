@@ -537,6 +537,25 @@ def test_bad_overrides_are_clear(tmp_path, override, match):
     assert re.search(match, out.stderr), out.stderr
 
 
+def test_a_kv_cache_bytes_pool_is_what_the_point_id_says(capsys):
+    """With engine.kv_cache_bytes the pool is sized outright: the id says so (not the gmu it ignores), and a gmu
+    axis beside it, which would run one point several times under different names, is refused."""
+    from omegaconf import OmegaConf
+
+    from harness.point import point_id
+    from harness.sweep import compose_sweep, point_configs
+
+    pts = point_configs(OmegaConf.to_container(compose_sweep(["sweep=ci_vllm"]), resolve=True))
+    assert pts and all(point_id(p).startswith("smoke-kv32MiB-c") for p in pts)
+    gmu = point_configs(OmegaConf.to_container(compose_sweep(["sweep=ci_vllm", "engine.kv_cache_bytes=null"]),
+                                               resolve=True))
+    assert all(point_id(p).startswith("smoke-gmu0.9-c") for p in gmu)
+    out = cli(capsys, "sweep", "sweep=ci_vllm", "gmu=0.6,0.9", "--cfg")
+    assert out.returncode == 2 and "every gmu would run the same point" in out.stderr, out.stderr
+    bad = cli(capsys, "sweep", "sweep=ci_vllm", "engine.kv_cache_bytes=-5", "--cfg")
+    assert bad.returncode == 2 and "engine.kv_cache_bytes=-5: must be a whole number" in bad.stderr
+
+
 def test_run_one_point_and_the_result_commands_spellings(tmp_path):
     """(The README's run, analyze, report and compare commands run as written in tests/test_readme.py.)"""
     one = harness("run", "workload=balanced_chat", "gmu=0.9", "concurrency=16", "strategy=treewy",
