@@ -139,7 +139,7 @@ def validate(cfg: dict[str, Any]) -> None:
         if not isinstance(g, (int, float)) or not 0 < float(g) <= 1:
             raise ValueError(f"gmu={g}: must be in (0, 1]")
     kv = (cfg.get("engine") or {}).get("kv_cache_bytes")
-    if kv is not None and (not isinstance(kv, int) or kv <= 0):
+    if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0):  # True is an int
         raise ValueError(f"engine.kv_cache_bytes={kv}: must be a whole number of bytes > 0 (or null to size the "
                          "pool from gmu)")
     if kv and len(_as_list(cfg.get("gmu"))) > 1:

@@ -554,6 +554,8 @@ def test_a_kv_cache_bytes_pool_is_what_the_point_id_says(capsys):
     assert out.returncode == 2 and "every gmu would run the same point" in out.stderr, out.stderr
     bad = cli(capsys, "sweep", "sweep=ci_vllm", "engine.kv_cache_bytes=-5", "--cfg")
     assert bad.returncode == 2 and "engine.kv_cache_bytes=-5: must be a whole number" in bad.stderr
+    yes = cli(capsys, "sweep", "sweep=ci_vllm", "engine.kv_cache_bytes=true", "--cfg")
+    assert yes.returncode == 2 and "engine.kv_cache_bytes=True: must be a whole number" in yes.stderr, yes.stderr
 
 
 def test_run_one_point_and_the_result_commands_spellings(tmp_path):
