@@ -1,7 +1,8 @@
 """Step times from vLLM's per-iteration log (``--enable-logging-iteration-details``), split into the steps that
 carry prompt tokens and the decode-only ones.
 
-  python results/h200-kernel-speed/device/iteration_log.py ENGINE_LOG [--start HH:MM:SS] [--end HH:MM:SS] [--json F]
+  python results/h200-kernel-speed/device/iteration_log.py ENGINE_LOG [--point SUMMARY] [--start HH:MM:SS]
+      [--end HH:MM:SS] [--json F]
 
 vLLM 0.26 logs one line per engine step (``vllm/v1/metrics/loggers.py``)::
 
@@ -16,7 +17,10 @@ of each kind ran per second: each second of the window is one bin, busy througho
 (a step with prompt tokens: mixed prefill-decode, or prefill only) and t_decode (decode only). The timestamps
 are whole seconds, so the bins are coarse: read the times as rough, and the fit's residual says how rough.
 
-The window: ``--start``/``--end`` (the log's clock, inclusive), else from the second after the first decode step
+One server's log holds every point it ran: ``--point`` takes one point's ``summary.json`` and keeps the steps of
+its measured run (``provenance.time_utc``, when it was stored, less ``metrics.duration_s``; vLLM's log clock is
+the host's, UTC on the H200). The window: ``--start``/``--end`` (the log's clock, inclusive), else from the second
+after the first decode step
 to the second before the last step with prompt tokens (the steady part of a closed-loop run: the first second
 holds the initial prefill burst, after the last prompt the batch drains), both edges left out as partial bins.
 Seconds with under a quarter of the window's median steps are stalls (a Triton JIT compile during the run, which
@@ -70,6 +74,18 @@ def parse(text: str) -> list[Step]:
         raise ValueError("the log's clock goes backwards (a run across midnight?): cut it with --start/--end "
                          "on one side of midnight")
     return steps
+
+
+def point_span(summary: dict) -> tuple[int, int]:
+    """The seconds (log clock, inclusive) of a point's measured run, from its summary."""
+    import datetime as dt
+    try:
+        end = dt.datetime.fromisoformat(summary["provenance"]["time_utc"])
+        duration = float(summary["metrics"]["duration_s"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"the point's summary has no provenance.time_utc and metrics.duration_s ({e})") from None
+    e = end.hour * 3600 + end.minute * 60 + end.second
+    return e - int(duration + 0.999), e
 
 
 def window(steps: list[Step]) -> tuple[int, int]:
@@ -132,6 +148,7 @@ def fit(steps: list[Step], start: int | None = None, end: int | None = None) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("log", type=Path, help="vLLM's server log, run with --enable-logging-iteration-details")
+    ap.add_argument("--point", type=Path, help="a point's summary.json: only the steps of its measured run")
     ap.add_argument("--start", help="first second of the window, HH:MM:SS (the log's clock)")
     ap.add_argument("--end", help="last second of the window, HH:MM:SS")
     ap.add_argument("--json", type=Path, help="also write the fit here")
@@ -141,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         if not steps:
             raise ValueError(f"{args.log}: no 'Iteration(N)' line: was vLLM started with "
                              "--enable-logging-iteration-details (engine.extra_args)?")
+        if args.point:
+            lo, hi = point_span(json.loads(args.point.read_text()))
+            steps = [s for s in steps if lo <= s.second <= hi]
+            if not steps:
+                raise ValueError(f"{args.log}: no iteration line in {args.point}'s run, {_hms(lo)}-{_hms(hi)}: "
+                                 "is it this server's point?")
         f = fit(steps, *(None if x is None else _seconds(x) for x in (args.start, args.end)))
     except (OSError, ValueError) as e:
         print(f"iteration_log: {e}", file=sys.stderr)
