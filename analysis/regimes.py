@@ -1,6 +1,6 @@
 """Memory-bound classification and regime-split ratios of each strategy to the baseline.
 
-A (workload, load, gmu) point is memory-bound when the *baseline's* KV pool was exhausted: peak
+A (workload, load, memory budget) point is memory-bound when the *baseline's* KV pool was exhausted: peak
 usage at the cap, any preemption, or requests that waited for memory (thresholds from conf).
 Ratios are strategy / baseline for throughput and baseline / strategy for latencies ("x lower").
 """

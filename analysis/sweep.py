@@ -2,7 +2,7 @@
 
 :func:`analyze` only reads the store; :func:`write_analysis` stores its result as ``DIR/analysis.json`` (``python
 -m harness analyze DIR``, a sweep's end and ``report`` do; ``compare`` reads two folders and writes neither). A
-(workload, gmu, load, draft) group is memory-bound when its *baseline* point's pool was exhausted
+(workload, memory budget, load, draft) group is memory-bound when its *baseline* point's pool was exhausted
 (see analysis.regimes); every other strategy's point in the group is compared with the baseline.
 With a sweep ``anchor``, :func:`drift` lists its measurements over the sweep's commands (harness.anchor), and
 :func:`side_by_side` puts each point beside its baseline with the command each ran in: where they ran in
@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.anchor import CallLog
 from harness.config import parse_draft
+from harness.point import memory_budget
 
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
@@ -34,11 +35,26 @@ def _load_label(load: dict) -> tuple[str, float]:
     return f"{load['kind']} rate", float(load["rate"])
 
 
+def memory_order(row: dict[str, Any]) -> tuple:
+    """Sorts rows by their memory budget: gmu budgets by fraction, fixed KV pools by size (``memory`` is
+    :func:`harness.point.memory_budget`'s ``gmu0.9`` or ``kv32MiB``)."""
+    m = str(row["memory"])
+    return ("kv", float(m[2:-3])) if m.startswith("kv") else ("gmu", float(m[3:]))
+
+
+def memory_title(memory: str) -> str:
+    """A memory budget as a figure or table says it: ``gmu 0.9``, ``KV pool 32 MiB``."""
+    return f"KV pool {memory[2:-3]} MiB" if memory.startswith("kv") else f"gmu {memory[3:]}"
+
+
 def flatten(summary: dict[str, Any]) -> dict[str, Any]:
-    """One row per point: its axes, status and metrics."""
+    """One row per point: its axes, status and metrics. ``memory`` is the memory budget as the point id
+    spells it (``gmu0.9``; ``kv32MiB`` where ``engine.kv_cache_bytes`` sized the pool and gmu sized nothing):
+    points are grouped by it, never by ``gmu`` alone."""
     cfg = summary["config"]
     kind, value = _load_label(cfg["load"])
-    row = {"point_id": summary["point_id"], "workload": cfg["workload_name"], "gmu": cfg["gmu"],
+    row = {"point_id": summary["point_id"], "workload": cfg["workload_name"], "memory": memory_budget(cfg),
+           "gmu": cfg["gmu"],
            "load_kind": kind, "load": value, "draft": cfg.get("draft") or NO_SPEC, "strategy": cfg["strategy"],
            # what a figure's line is: the strategy, or speculation off (no strategy involved)
            "series": cfg["strategy"] if cfg.get("draft") else NO_SPEC_SERIES,
@@ -82,13 +98,13 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
     ok = [r for r in rows if r["status"] == "ok"]
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in ok:
-        groups[(r["workload"], r["gmu"], r["load_kind"], r["load"], r["draft"])][r["strategy"]] = r
+        groups[(r["workload"], r["memory"], r["load_kind"], r["load"], r["draft"])][r["strategy"]] = r
     classified = []
     for key, by in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         if base not in by or key[4] == NO_SPEC:   # speculation off is a baseline of its own (vs_no_spec)
             continue
         bound, why = memory_bound(by[base], th)
-        classified.append({"workload": key[0], "gmu": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
+        classified.append({"workload": key[0], "memory": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
                            "memory_bound": bound, "reason": why})
         for r in by.values():
             r["memory_bound"], r["memory_bound_reason"] = bound, why
@@ -128,7 +144,7 @@ def write_analysis(store, result: dict[str, Any]) -> Path:
 
 def vs_no_spec(groups: dict[tuple, dict[str, dict]], base: str) -> dict[str, dict[str, Any]]:
     """Each strategy under speculation (the baseline included) against speculation off (``draft=none``) at the
-    same (workload, gmu, load): whether to speculate at all comes first for a vLLM user. Split by the
+    same (workload, memory budget, load): whether to speculate at all comes first for a vLLM user. Split by the
     speculative group's regime (its baseline's pool exhausted or not); empty without draft=none points."""
     off = {k[:4]: next(iter(by.values())) for k, by in groups.items() if k[4] == NO_SPEC and by}
     out: dict[str, dict[str, Any]] = {}
@@ -200,7 +216,7 @@ def measured_in(store) -> dict[str, int]:
 
 def side_by_side(groups: dict[tuple, dict[str, dict]], base: str, store, anchor: dict[str, Any] | None
                  ) -> list[dict[str, Any]]:
-    """Each strategy's point, and speculation off at the same (workload, gmu, load), beside the baseline's point
+    """Each strategy's point, and speculation off at the same (workload, memory budget, load), beside the baseline's point
     of its group, with the sweep command each was measured in; empty without an anchor (one command: every
     ratio is side by side). ``adjusted`` divides each point's output throughput by the anchor's in its own
     command before the ratio: equal to the measured ratio where both ran in one command, and None where a
@@ -226,7 +242,7 @@ def side_by_side(groups: dict[tuple, dict[str, dict]], base: str, store, anchor:
             # a point outside the call log (before it existed) has no call to take an anchor from
             if raw is not None and None not in (call, base_call) and call in by_call and base_call in by_call:
                 adj = raw * by_call[base_call] / by_call[call]
-            rows.append({"workload": key[0], "gmu": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
+            rows.append({"workload": key[0], "memory": key[1], "load_kind": key[2], "load": key[3], "draft": key[4],
                          "series": r["series"], "point_id": r["point_id"], "baseline_point": b["point_id"],
                          "call": call, "baseline_call": base_call, "same_call": call is not None and call == base_call,
                          "output_throughput": r.get("output_throughput"),
@@ -253,7 +269,7 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
                   f"memory-bound ({result['baseline']}'s pool exhausted): {c['label']}")
     tables = [(f"ratios to {result['baseline']} (geomean [95% CI]; latencies: x lower)", result["ratios"])]
     if result.get("vs_no_spec"):
-        tables.append(("ratios to speculation off (draft=none, same workload, gmu and load; geomean [95% CI])",
+        tables.append(("ratios to speculation off (draft=none, same workload, memory budget and load; geomean [95% CI])",
                        result["vs_no_spec"]))
     for title, ratios in tables:
         t = make_table(title, ["strategy", "regime", "points", *RATIOS], left=2)

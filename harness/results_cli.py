@@ -70,28 +70,28 @@ def report_cmd(cfg: DictConfig) -> int:
 
 def compare_cmd(cfg: DictConfig) -> int:
     """Two sweeps point by point (e.g. sim against vllm): metric ratios B / A and regime agreement."""
-    from analysis.sweep import analyze
+    from analysis.sweep import analyze, memory_title
 
     from .console import console as make_console, table as make_table
 
     a, b = analyze(_store(cfg.a)), analyze(_store(cfg.b))
-    key = lambda p: (p["workload"], p["gmu"], p.get("load_kind", ""), p["load"], p["draft"], p["strategy"])  # noqa: E731
+    key = lambda p: (p["workload"], p["memory"], p.get("load_kind", ""), p["load"], p["draft"], p["strategy"])  # noqa: E731
     pa = {key(p): p for p in a["points"] if p["status"] == "ok"}
     pb = {key(p): p for p in b["points"] if p["status"] == "ok"}
     common = sorted(set(pa) & set(pb))
     console = make_console()
     if not common:
-        raise ValueError(f"{cfg.a} and {cfg.b} share no points (workload, gmu, load, draft, strategy)")
+        raise ValueError(f"{cfg.a} and {cfg.b} share no points (workload, memory budget, load, draft, strategy)")
     t = make_table(f"B / A ({cfg.b} over {cfg.a}); engines {a['engine']} vs {b['engine']}",
                    ["point", "out tok/s", "p99 TTFT", "peak KV", "mem-bound A/B"], left=1)
     agree = 0
     for k in common:
         x, y = pa[k], pb[k]
         agree += x.get("memory_bound") == y.get("memory_bound")
-        workload, gmu, kind, load, draft, strategy = k
+        workload, memory, kind, load, draft, strategy = k
         where = f"c{load:g}" if kind == "concurrency" else f"{load:g} req/s"
         ratios = [_r(y.get(m), x.get(m)) for m in ("output_throughput", "ttft_p99", "peak_kv_usage")]
-        t.add_row(f"{workload} gmu {gmu:g} {where} {draft} {strategy}", *ratios,
+        t.add_row(f"{workload} {memory_title(memory)} {where} {draft} {strategy}", *ratios,
                   f"{_yn(x.get('memory_bound'))}/{_yn(y.get('memory_bound'))}")
     console.print(t)
     console.print(f"{len(common)} common points; memory-bound classification agrees on {agree}; "

@@ -16,9 +16,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from analysis.sweep import memory_order
+
 from . import figures
 
-COLUMNS = [("point_id", "point"), ("workload", "workload"), ("gmu", "gmu"), ("load", "load"),
+COLUMNS = [("point_id", "point"), ("workload", "workload"), ("memory", "memory"), ("load", "load"),
            ("draft", "draft"), ("series", "strategy"), ("status", "status"), ("memory_bound", "mem-bound"),
            ("output_throughput", "out tok/s"), ("ttft_p50", "TTFT p50 s"), ("ttft_p99", "TTFT p99 s"),
            ("tpot_mean", "TPOT s"), ("e2e_mean", "E2E mean s"), ("acceptance_length", "acc. len"),
@@ -75,7 +77,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         + ("  (simulator results, not GPU measurements)" if result["engine"] == "sim" else ""),
         f"model {sweep.get('model')}, GPU {sweep.get('gpu')}, sweep '{sweep.get('sweep_name')}', baseline "
         f"{result['baseline']}",
-        f"{c['points']} points ({c['ok']} ok, {c['failed']} failed) in {c['groups']} (workload, gmu, load, draft) "
+        f"{c['points']} points ({c['ok']} ok, {c['failed']} failed) in {c['groups']} (workload, memory budget, load, draft) "
         "groups",
         f"memory-bound ({result['baseline']}'s pool exhausted: peak usage >= "
         f"{result['thresholds']['peak_kv_usage']:.0%}, "
@@ -127,7 +129,7 @@ def _png(fig) -> str:
 def render_html(result: dict[str, Any], figs, prov: dict[str, Any]) -> str:
     e = html.escape
     rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in ratio_rows(result))
-    pts = sorted(result["points"], key=lambda p: (p["workload"], p["gmu"], p["load"], p["strategy"]))
+    pts = sorted(result["points"], key=lambda p: (p["workload"], memory_order(p), p["load"], p["strategy"]))
     body = "".join("<tr>" + "".join(f"<td>{e(_cell(k, p.get(k)))}</td>" for k, _ in COLUMNS) + "</tr>" for p in pts)
     head = "".join(f"<th onclick=\"sortTable({i})\">{e(label)}</th>" for i, (_, label) in enumerate(COLUMNS))
     figs_html = "".join(f"<figure><img alt=\"{e(t)}\" src=\"data:image/png;base64,{_png(f)}\"><figcaption>{e(t)}"
@@ -151,7 +153,7 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 <p class="engine">engine: {e(str(result['engine']))}</p>
 <ul>{''.join(f'<li>{e(line)}</li>' for line in summary_lines(result))}</ul>
 <h2>Ratios to {e(result['baseline'])}, split by regime</h2>
-<p>Geometric means over (workload, gmu, load, draft) groups with bootstrap 95% intervals; latencies as
+<p>Geometric means over (workload, memory budget, load, draft) groups with bootstrap 95% intervals; latencies as
 "x lower" (baseline / strategy), so above 1 is better throughout.</p>
 <table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead><tbody>{rows}</tbody></table>
 <p>The TreeWY paper's figures for treewy vs store_all in memory-bound points (B200, measured):</p><ul>{paper}</ul>
@@ -218,7 +220,7 @@ def _anchor_html(result: dict[str, Any]) -> str:
 
 SIDE_HEAD = ["point", "its call vs the baseline's", "throughput (x)", "adjusted (x)", "p99 TTFT (x lower)",
              "running (x)", "step (x)"]
-SIDE_NOTE = ("Each point beside the baseline's at the same workload, gmu and load, with the sweep command each "
+SIDE_NOTE = ("Each point beside the baseline's at the same workload, memory budget and load, with the sweep command each "
              "ran in. Where they differ, the measured ratio carries the drift between the two commands; "
              "'adjusted' divides each point's throughput by the anchor's in its own command first, which assumes "
              "that the drift scales every point of a command alike (not checked). The measured ratio is the result. "
@@ -256,7 +258,7 @@ def _no_spec_html(result: dict[str, Any]) -> str:
     if not rows:
         return ""
     return ("<h2>Ratios to speculation off</h2><p>Each strategy under speculation, store_all included, against "
-            "the same (workload, gmu, load) with speculation off (draft=none), split by the speculative group's "
+            "the same (workload, memory budget, load) with speculation off (draft=none), split by the speculative group's "
             "regime: whether to speculate at all.</p>" + _html_table(RATIO_HEAD, rows))
 
 
@@ -324,7 +326,7 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
                         SIDE_HEAD, note=SIDE_NOTE)
         for _, f in figs:
             pdf.savefig(f)
-        pts = sorted(result["points"], key=lambda p: (p["workload"], p["gmu"], p["load"], p["strategy"]))
+        pts = sorted(result["points"], key=lambda p: (p["workload"], memory_order(p), p["load"], p["strategy"]))
         keys = [k for k, _ in COLUMNS[1:]]
         for start in range(0, len(pts), 40):
             fig = plt.figure(figsize=(11.7, 8.3))

@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from analysis.sweep import memory_order, memory_title  # noqa: E402
+
 COLORS = {"no_spec": "#9e9e9e", "store_all": "#444444", "replay": "#1f77b4", "treewy": "#d62728",
           "treewy_deferred": "#2ca02c",
           "treewy_fused": "#ff9896"}   # the last: kernel benchmark only (TreeWY's commit + verify in one kernel)
@@ -48,16 +50,17 @@ def _grid(n: int):
 
 
 def _metric_vs_load(result, panels, value, ylabel: str, title: str, ylog: bool = False) -> plt.Figure:
-    """One panel per (workload, gmu), a line per strategy: ``value(point)`` against the load (None: skipped)."""
+    """One panel per (workload, memory budget), a line per strategy: ``value(point)`` against the load (None:
+    skipped)."""
     pts = _ok(result)
     fig, axes = _grid(len(panels))
     for ax, (w, g) in zip(axes, panels):
         for s in _strategies(result):
             sel = sorted((p["load"], v) for p in pts
-                         if p["workload"] == w and p["gmu"] == g and _series(p) == s and (v := value(p)) is not None)
+                         if p["workload"] == w and p["memory"] == g and _series(p) == s and (v := value(p)) is not None)
             if sel:
                 ax.plot(*zip(*sel), marker="o", label=s, color=COLORS.get(s), ls="--" if s == "no_spec" else "-")
-        ax.set_title(f"{w}, gmu {g}", fontsize=9)
+        ax.set_title(f"{w}, {memory_title(g)}", fontsize=9)
         ax.set_xscale("log", base=2)
         if ylog:
             ax.set_yscale("log")
@@ -72,14 +75,16 @@ def _metric_vs_load(result, panels, value, ylabel: str, title: str, ylog: bool =
 
 
 def peak_kv_vs_load(result) -> plt.Figure:
-    panels = sorted({(p["workload"], p["gmu"]) for p in _ok(result)})[:9]
+    pts = _ok(result)
+    order = {p["memory"]: memory_order(p) for p in pts}
+    panels = sorted({(p["workload"], p["memory"]) for p in pts}, key=lambda wm: (wm[0], order[wm[1]]))[:9]
     return _metric_vs_load(result, panels, lambda p: p.get("peak_kv_usage") or 0, "peak KV-pool usage",
                            "Peak KV-pool usage vs load")
 
 
 def p99_ttft_vs_load(result) -> plt.Figure:
     pts = _ok(result)
-    g_min = min(p["gmu"] for p in pts)
+    g_min = min(pts, key=memory_order)["memory"]      # the tightest budget: where TTFT differs most
     panels = [(w, g_min) for w in sorted({p["workload"] for p in pts})[:6]]
     return _metric_vs_load(result, panels, lambda p: p.get("ttft_p99") or None, "p99 TTFT (s)",
                            "p99 time to first token vs load", ylog=True)
@@ -90,7 +95,7 @@ def ratio_distributions(result) -> plt.Figure:
     base = result["baseline"]
     groups = defaultdict(dict)
     for p in pts:
-        groups[(p["workload"], p["gmu"], p["load"], p["draft"])][p["strategy"]] = p
+        groups[(p["workload"], p["memory"], p["load"], p["draft"])][p["strategy"]] = p
     others = [s for s in _strategies(result) if s != base]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, (metric, higher, title) in zip(axes, (("output_throughput", True, "throughput (x)"),
@@ -126,9 +131,9 @@ def ttft_cdf(result, requests_of) -> plt.Figure:
         return fig
     worst = max(cands, key=lambda p: ((p.get("preemptions") or 0), p.get("requests_waited_for_memory") or 0,
                                       p.get("peak_kv_usage") or 0))
-    key = (worst["workload"], worst["gmu"], worst["load"], worst["draft"])
+    key = (worst["workload"], worst["memory"], worst["load"], worst["draft"])
     for p in pts:
-        if (p["workload"], p["gmu"], p["load"], p["draft"]) != key:
+        if (p["workload"], p["memory"], p["load"], p["draft"]) != key:
             continue
         reqs = requests_of(p["point_id"])
         ttft = np.sort([r["first_token_s"] - r["arrival_s"] for r in reqs if r.get("first_token_s") is not None])
@@ -138,7 +143,7 @@ def ttft_cdf(result, requests_of) -> plt.Figure:
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
     ax.legend(fontsize=8)
-    ax.set_title(f"TTFT CDF, most memory-bound point: {key[0]}, gmu {key[1]}, {_load_name(pts)} {key[2]:g}\n"
+    ax.set_title(f"TTFT CDF, most memory-bound point: {key[0]}, {memory_title(key[1])}, {_load_name(pts)} {key[2]:g}\n"
                  f"({_engine(result)})", fontsize=9)
     fig.tight_layout()
     return fig

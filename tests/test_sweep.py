@@ -781,3 +781,39 @@ def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_b
         r = cli(capsys, "sweep", *one, bad, f"out={tmp_path / 'bad'}")
         assert r.returncode == 2 and why in r.stderr, (bad, r.stderr[-2000:])
         assert not (tmp_path / "bad").exists()
+
+
+def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_not_by_the_gmu_they_ignore(tmp_path):
+    """With engine.kv_cache_bytes the pool is sized outright and gmu sizes nothing: analysis groups points by the
+    memory budget their id spells (kv<N>MiB), so two pools at one stored gmu are two groups, never one, and the
+    figures and tables say the pool, not the gmu."""
+    import matplotlib.pyplot as plt
+
+    from analysis.sweep import analyze, memory_order, memory_title
+    from harness.point import point_id
+    from reports import build, figures
+
+    store = Store(tmp_path / "s")
+    store.init({"baseline": "store_all"})
+    for mib, tput in ((32, 100.0), (64, 300.0)):
+        for strategy, factor in (("store_all", 1.0), ("treewy", 2.0)):
+            cfg = {"workload_name": "sharegpt", "gmu": 0.9, "load": {"kind": "closed", "concurrency": 8},
+                   "draft": "chain:3", "strategy": strategy, "model": {"name": "m"}, "gpu": {"name": "g"},
+                   "engine": {"name": "vllm", "kv_cache_bytes": mib * 2**20}}
+            store.write(point_id(cfg), {"point_id": point_id(cfg), "status": "ok", "config": cfg, "engine": "vllm",
+                                        "metrics": {"output_throughput": tput * factor, "peak_kv_usage": 0.5}}, None)
+    result = analyze(store)
+    assert sorted(p["memory"] for p in result["points"]) == ["kv32MiB"] * 2 + ["kv64MiB"] * 2
+    assert sorted(c["memory"] for c in result["groups"]) == ["kv32MiB", "kv64MiB"]
+    assert result["ratios"]["treewy"]["not memory-bound"]["throughput"]["n"] == 2   # two groups, not one
+    assert memory_title("kv32MiB") == "KV pool 32 MiB" and memory_title("gmu0.9") == "gmu 0.9"
+    assert sorted(["kv64MiB", "kv128MiB", "kv32MiB"], key=lambda m: memory_order({"memory": m})) == \
+        ["kv32MiB", "kv64MiB", "kv128MiB"]
+    fig = figures.peak_kv_vs_load(result)
+    assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["sharegpt, KV pool 32 MiB",
+                                                                       "sharegpt, KV pool 64 MiB"]
+    plt.close(fig)
+    assert ("memory", "memory") in build.COLUMNS and ("gmu", "gmu") not in build.COLUMNS
+    same = harness("compare", str(store.root), str(store.root))       # a folder against itself: every point common
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert "sharegpt KV pool 32 MiB c8 chain:3 treewy" in same.stdout and "4 common points" in same.stdout
