@@ -26,9 +26,26 @@ COLUMNS = [("point_id", "point"), ("workload", "workload"), ("memory", "memory")
            ("tpot_mean", "TPOT s"), ("e2e_mean", "E2E mean s"), ("acceptance_length", "acc. len"),
            ("peak_kv_usage", "peak KV"), ("preemptions", "preempt"), ("max_running", "max running"),
            ("spec_state_bytes", "spec. state MiB")]
-PAPER = {"Qwen3.5-35B-A3B": "31/105 points memory-bound; treewy 1.15x throughput, 2.94x lower p99 TTFT, "
-                            "1.17x lower mean E2E, TPOT 0.83x",
-         "Qwen3.5-397B-A17B": "17/70 points memory-bound; treewy 1.06x throughput, 1.66x lower p99 TTFT"}
+
+
+def paper_figures() -> list[str]:
+    """The TreeWY paper's treewy-vs-store_all figures, one line per scale, from ``conf/scale/*.yaml`` (``paper``:
+    the one place they are written; ``bench sim`` prints them beside its own)."""
+    from omegaconf import OmegaConf
+
+    from harness.config import conf_dir
+
+    lines = []
+    for path in sorted((conf_dir() / "scale").glob("*.yaml")):
+        p = OmegaConf.load(path).get("paper")
+        if p is None:
+            continue
+        parts = [f"{p.memory_bound} points memory-bound", f"treewy {p.throughput}x throughput",
+                 f"{p.p99_ttft}x lower p99 TTFT"]
+        parts += [f"{p.mean_e2e}x lower mean E2E"] if p.get("mean_e2e") else []
+        parts += [f"TPOT {p.tpot}x"] if p.get("tpot") else []
+        lines.append(f"{p.label}: " + ", ".join(parts))
+    return lines
 
 
 def make_figures(store, result) -> list[tuple[str, Any]]:
@@ -134,7 +151,7 @@ def render_html(result: dict[str, Any], figs, prov: dict[str, Any]) -> str:
     head = "".join(f"<th onclick=\"sortTable({i})\">{e(label)}</th>" for i, (_, label) in enumerate(COLUMNS))
     figs_html = "".join(f"<figure><img alt=\"{e(t)}\" src=\"data:image/png;base64,{_png(f)}\"><figcaption>{e(t)}"
                         "</figcaption></figure>" for t, f in figs)
-    paper = "".join(f"<li>{e(k)}: {e(v)}</li>" for k, v in PAPER.items())
+    paper = "".join(f"<li>{e(line)}</li>" for line in paper_figures())
     fails = "".join(f"<li>{e(f['point_id'])}: {e(str(f['reason']))}</li>" for f in result["failed"])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>CommitBench report</title>
@@ -307,8 +324,8 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
         tbl.set_fontsize(8)
         tbl.scale(1, 1.4)
         fig.text(0.05, 0.2, "Geometric means with bootstrap 95% intervals; latencies as 'x lower' (baseline / "
-                 "strategy). The paper (B200, measured): 35B 31/105 memory-bound, treewy 1.15x throughput, "
-                 "2.94x lower p99 TTFT.", fontsize=8, wrap=True)
+                 "strategy). The TreeWY paper (B200, measured): " + "; ".join(paper_figures()) + ".",
+                 fontsize=8, wrap=True)
         keys = ("git_commit", "torch", "vllm", "gpu", "time_utc")
         fig.text(0.05, 0.12, f"provenance: {json.dumps({k: prov.get(k) for k in keys})}", fontsize=7)
         pdf.savefig(fig)

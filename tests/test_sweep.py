@@ -61,6 +61,8 @@ def test_sweep_writes_points_analysis_and_reports(tmp_path):
     assert analysis["counts"]["groups"] == 4 and analysis["engine"] == "sim"
     html = (tmp_path / "s" / "report.html").read_text()
     assert "engine: sim" in html and html.count("data:image/png;base64") == 7 and "sortTable" in html
+    # the paper's figures, read from conf/scale/*.yaml (their one place)
+    assert "35B on one B200, incl. BurstGPT: 31/105 points memory-bound, treewy 1.15x throughput" in html
     assert (tmp_path / "s" / "report.pdf").read_bytes()[:5] == b"%PDF-"
     assert "memory-bound" in out.stdout and "report:" in out.stdout
 
