@@ -261,41 +261,6 @@ def _over(r: dict[str, Any], b: dict[str, Any], metric: str) -> float | None:
     return x / y if x and y else None
 
 
-def print_summary(result: dict[str, Any], console, report: Path | None = None) -> None:
-    from harness.console import table as make_table
-
-    c = result["counts"]
-    console.print(f"[bold]{c['points']} points[/] ({c['failed']} failed), engine: {result['engine']}; "
-                  f"memory-bound ({result['baseline']}'s pool exhausted): {c['label']}")
-    tables = [(f"ratios to {result['baseline']} (geomean [95% CI]; latencies: x lower)", result["ratios"])]
-    if result.get("vs_no_spec"):
-        tables.append(("ratios to speculation off (draft=none, same workload, memory budget and load; geomean [95% CI])",
-                       result["vs_no_spec"]))
-    for title, ratios in tables:
-        t = make_table(title, ["strategy", "regime", "points", *RATIOS], left=2)
-        for s, regimes in ratios.items():
-            for regime, row in regimes.items():
-                t.add_row(s, regime, str(row["points"]), *[_fmt(row[n]) for n in RATIOS])
-        console.print(t)
-    if pairs := result.get("side_by_side"):
-        t = make_table(f"each point beside {result['baseline']} at its settings (throughput x; p99 TTFT x lower; "
-                       "adjusted: each point scaled by its command's anchor measurement; running requests and "
-                       "engine step (mean inter-token gap): x the baseline's)",
-                       ["point", "vs call", "throughput", "adjusted", "p99 TTFT", "running", "step"], left=1)
-        for row in pairs:
-            t.add_row(*side_by_side_cells(row))
-        console.print(t)
-    if line := graph_line(result):
-        console.print(line)
-    a = result.get("anchor")
-    if a:
-        console.print(anchor_line(a))
-    for f in result["failed"][:5]:
-        console.print(f"  failed: {f['point_id']}: {f['reason']}")
-    if report:
-        console.print(f"report: {report}/report.html, {report}/report.pdf")
-
-
 def graph_line(result: dict[str, Any]) -> str | None:
     """One sentence on the points whose decode steps passed vLLM's largest CUDA graph (the report's and the
     console's), or None where every point that says stayed within them."""
@@ -333,7 +298,8 @@ def side_by_side_cells(row: dict[str, Any]) -> list[str]:
             num(row["p99_ttft_ratio"]), num(row.get("running_ratio")), num(row.get("step_ratio"))]
 
 
-def _fmt(g: dict) -> str:
+def fmt_ratio(g: dict | None) -> str:
+    """A geomean with its 95% interval (regimes.geomean's), as the console and the reports print it."""
     if not g or g.get("geomean") is None:
         return "-"
     return f"{g['geomean']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]"

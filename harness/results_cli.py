@@ -39,9 +39,10 @@ def run_one(cfg: DictConfig) -> int:
 
 
 def analyze_cmd(cfg: DictConfig) -> int:
-    from analysis.sweep import analyze, print_summary, write_analysis
+    from analysis.sweep import analyze, write_analysis
 
     from .console import console
+    from .summary import print_summary
 
     store = _store(cfg.dir)
     result = analyze(store)

@@ -393,7 +393,9 @@ def run(cfg: DictConfig) -> int:
         console.print(f"[bold]time_budget_s={c['time_budget_s']}[/]: stopped before {stop['point_id']} ({est}, "
                       f"{max(stop['left_s'], 0):.0f} s left); {stop['points_left']} points left for the next "
                       "command: rerun the same command to resume")
-    from analysis.sweep import analyze, print_summary, write_analysis
+    from analysis.sweep import analyze, write_analysis
+
+    from .summary import print_summary
 
     result = analyze(store)
     write_analysis(store, result)

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from analysis.sweep import memory_order
+from analysis.sweep import fmt_ratio, memory_order
 
 from . import figures
 
@@ -108,7 +108,7 @@ def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:
     rows = []
     for s, regimes in (result.get(key) or {}).items():
         for regime, row in regimes.items():
-            rows.append([s, regime, str(row["points"]), *[_fmt(row[n]) for n in ("throughput", "p99_ttft",
+            rows.append([s, regime, str(row["points"]), *[fmt_ratio(row[n]) for n in ("throughput", "p99_ttft",
                                                                                  "mean_e2e", "tpot")]])
     return rows
 
@@ -116,11 +116,6 @@ def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:
 RATIO_HEAD = ["strategy", "regime", "groups", "throughput (x)", "p99 TTFT (x lower)", "mean E2E (x lower)",
               "TPOT (x lower)"]
 
-
-def _fmt(g) -> str:
-    if not g or g.get("geomean") is None:
-        return "-"
-    return f"{g['geomean']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]"
 
 
 def _cell(key: str, v) -> str:
