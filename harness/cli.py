@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [f"{name}={_folder(name, getattr(args, name))}" for name in args.positional] \
             + list(args.overrides)
         if args.config in GRID_CONFIGS:
-            from .sweep import normalize_overrides
+            from .grid import normalize_overrides
 
             overrides = normalize_overrides(overrides)
         cfg = compose(args.config, overrides)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             from omegaconf import OmegaConf
 
             if args.config in GRID_CONFIGS:    # what the command would refuse before its first point, --cfg too
-                from .sweep import point_configs
+                from .grid import point_configs
 
                 point_configs(OmegaConf.to_container(cfg, resolve=True))
             print(OmegaConf.to_yaml(cfg))

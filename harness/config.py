@@ -7,6 +7,7 @@ command line's overrides (``model=qwen35_397b draft=3,3,3``).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -49,8 +50,6 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
     cfg = _compose(config_name, [o for o in overrides if o not in inside])
     auto = (cfg.get("engine") or {}).get("name") == "auto"
     if auto:
-        from .sweep import resolve_engine
-
         overrides = [o for o in overrides if not o.startswith("engine=")] \
             + [f"engine={resolve_engine('auto', quiet=quiet)}"]
     if auto or inside:
@@ -63,7 +62,7 @@ def _check_added(config_name: str, overrides: list[str]) -> None:
     """Hydra's ``+key=`` adds any key, and a key nothing reads is an experiment silently not run: each one must
     name a key the config has already (``++gmu=0.6``), or a new key of an open map: the server's environment
     (``engine.env``, where the engine has one) or, in a grid (sweep, run), the swept workloads' settings
-    (``workload.``, which :func:`harness.sweep.workload_configs` checks against the workloads)."""
+    (``workload.``, which :func:`harness.grid.workload_configs` checks against the workloads)."""
     for o in overrides:
         key = o.split("=", 1)[0]
         if not key.startswith("+"):
@@ -167,3 +166,28 @@ def parse_draft(spec: Any, root: bool = True) -> DraftTree:
         if "invalid literal" in str(e):
             raise ValueError(f"draft={spec!r}: not a draft shape; write chain:3, 3,3,3 or parents:[-1,0,0]") from None
         raise ValueError(f"draft={spec!r}: {e}") from None
+
+
+def resolve_engine(name: str, quiet: bool = False) -> str:
+    """``auto``: vLLM when a CUDA GPU and vLLM are importable, else the simulator; says which."""
+    if name != "auto":
+        return name
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        cuda = False
+    try:
+        import vllm  # noqa: F401
+        have_vllm = True
+    except ImportError:
+        have_vllm = False
+    if cuda and have_vllm:
+        if not quiet:
+            print("engine=auto: a CUDA GPU and vLLM are here: using vLLM (engine: vllm)", file=sys.stderr)
+        return "vllm"
+    why = "no CUDA GPU" if not cuda else "vLLM not installed"
+    if not quiet:
+        print(f"engine=auto: using the simulator (engine: sim): {why}; engine=vllm forces vLLM", file=sys.stderr)
+    return "sim"

@@ -161,9 +161,9 @@ def main() -> None:
 
     @hydra.main(config_path=str(conf_dir()), config_name="point", version_base=None)
     def job(cfg) -> None:
-        from .sweep import point_configs
-
         from hydra.core.hydra_config import HydraConfig
+
+        from .grid import point_configs
 
         c = OmegaConf.to_container(cfg, resolve=True)
         c["workloads"] = [HydraConfig.get().runtime.choices["workload"]]   # the group's choice; its composed

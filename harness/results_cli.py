@@ -21,7 +21,8 @@ def _store(path: str) -> Store:
 
 def run_one(cfg: DictConfig) -> int:
     """One point (the first of the composed grid) into ``out``, printed."""
-    from .sweep import point_configs, resolve_engine
+    from .config import resolve_engine
+    from .grid import point_configs
 
     c = OmegaConf.to_container(cfg, resolve=True)
     resolve_engine(c["engine"]["name"])

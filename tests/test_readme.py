@@ -232,7 +232,7 @@ def test_readme_hydra_grid_composes(cmd):
     from omegaconf import OmegaConf
 
     from harness.config import conf_dir
-    from harness.sweep import point_configs
+    from harness.grid import point_configs
 
     argv = shlex.split(cmd)
     assert argv[:4] == ["python", "-m", "harness.point", "--multirun"]

@@ -545,7 +545,7 @@ def test_a_kv_cache_bytes_pool_is_what_the_point_id_says(capsys):
     from omegaconf import OmegaConf
 
     from harness.point import point_id
-    from harness.sweep import compose_sweep, point_configs
+    from harness.grid import compose_sweep, point_configs
 
     pts = point_configs(OmegaConf.to_container(compose_sweep(["sweep=ci_vllm"]), resolve=True))
     assert pts and all(point_id(p).startswith("smoke-kv32MiB-c") for p in pts)

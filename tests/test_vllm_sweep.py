@@ -24,7 +24,7 @@ from conftest import requires_vllm
 from harness.engines.vllm.server import tagged_processes
 from harness.point import close_engines, run_point
 from harness.store import Store
-from harness.sweep import compose_sweep, point_configs
+from harness.grid import compose_sweep, point_configs
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 import workloads
 from harness.cli import main
 from harness.point import build_point
-from harness.sweep import compose_sweep, point_configs
+from harness.grid import compose_sweep, point_configs
 
 CLOSED = {"kind": "closed", "max_concurrency": 4}
 

@@ -49,7 +49,7 @@ if [ $healthy = 1 ]; then        # the kind as the sweep itself would note it (m
 import sys
 from omegaconf import OmegaConf
 from harness.compile_cache import note_compiled
-from harness.sweep import compose_sweep, point_configs
+from harness.grid import compose_sweep, point_configs
 note_compiled(point_configs(OmegaConf.to_container(compose_sweep(sys.argv[1:]), resolve=True))[:1])
 PY
 fi
