@@ -78,11 +78,16 @@ def _cleanup(tmp_path, monkeypatch):
 
 
 def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
-    """CI's sweep: tiny model, two load levels, store_all and treewy, through the real server."""
+    """CI's sweep: tiny model, two load levels, store_all and treewy, through the real server. The H200 probes'
+    step clock (results/h200-kernel-speed/device/stepclock/, a second vLLM plugin) rides along: it must clock
+    every server's steps and leave the points as they would be."""
     out = tmp_path / "sweep"
     cache = tmp_path / "vllm-cache"       # vLLM's cache root for this test (the fixture sets it)
+    device = ROOT / "results/h200-kernel-speed/device"
+    env = {**os.environ, "COMMITBENCH_STEPCLOCK": str(tmp_path / "clock"),
+           "PYTHONPATH": os.pathsep.join([str(device / "stepclock"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", "sweep=ci_vllm", f"out={out}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in out.glob("points/*/summary.json")]
@@ -116,6 +121,21 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     # The notes beside vLLM's caches name both kinds of server, so a host restoring them starts both warm.
     from harness.compile_cache import compiled_kinds
     assert compiled_kinds(summaries[0]["config"], cache) == {("chain:3", "store_all"), ("chain:3", "treewy")}
+    # The step clock: one file per server's worker, and each point's run found in it by its summary
+    sys.path.insert(0, str(device))
+    try:
+        import step_clock
+    finally:
+        sys.path.remove(str(device))
+    assert len(list((tmp_path / "clock").glob("steps-*.jsonl"))) == 2
+    steps = step_clock.timed(step_clock.load([tmp_path / "clock"]))
+    for s in summaries:
+        lo, hi = step_clock.span(s)
+        mine = [x for x in steps if lo <= x["wall"] <= hi]
+        kinds = step_clock.summarize(mine)
+        assert kinds["decode only"]["steps"] >= 5 and kinds["decode only"]["decode_reqs"] >= 1, s["point_id"]
+        assert any(x["tb"] is not None for x in mine), "no GDN metadata build clocked"
+        assert all(x["t0"] <= x["tb"] <= x["t1"] <= x["t2"] <= x["t3"] for x in mine if x["tb"] is not None)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two tensor-parallel CPU workers need two cores")

@@ -21,6 +21,9 @@ for grid in "$@"; do
   BUDGET=$(( LIMIT - 45 - ($(date +%s) - T0) ))   # the tar and stopping the server after the last sweep
   if [ "$BUDGET" -lt 120 ]; then echo "only $BUDGET s left: grid $n ($grid) skipped"; continue; fi
   read -ra overrides <<< "$grid"
+  if [ "${STEPCLOCK:-0}" = 1 ]; then
+    export PYTHONPATH="$PWD/results/h200-kernel-speed/device/stepclock:$PYTHONPATH" COMMITBENCH_STEPCLOCK="$D/stepclock-g$n"
+  fi
   timeout $(( BUDGET + 30 )) python3 -m harness sweep sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl \
      'draft=[chain:3]' anchor=null report=false time_budget_s=$BUDGET \
      "engine.extra_args=[--enable-logging-iteration-details]" "${overrides[@]}" "out=$D/g$n" \

@@ -1,0 +1,114 @@
+"""Where each engine step's time goes on the host, from the step clock (``stepclock/commitbench_stepclock.py``):
+decode-only steps and steps with prompt tokens apart.
+
+  python results/h200-kernel-speed/device/step_clock.py CLOCK_DIR_OR_FILES... [--point SUMMARY] [--json F]
+
+Per step (milliseconds):
+- ``interval``: from this step's ``execute_model`` to the next one's; in a steady run, the step time;
+- ``wait``: from ``execute_model`` to the end of the step's first GDN metadata build (``tb - t0``). vLLM's
+  build waits there for the device (it copies device tensors with CPU masks), so this is the host waiting for the
+  previous step's device work: large where the device is the bottleneck, near zero where the host is;
+- ``launch``: from there to ``execute_model``'s return (``t1 - tb``): the host building the rest of the inputs
+  and launching the forward pass, graphs replayed and, in PIECEWISE mode, every eager attention and GDN layer;
+- ``sample``: ``sample_tokens`` (sampling, rejection, the drafter's proposal; ``t3 - t2``).
+
+A step whose ``wait`` is near zero and whose ``launch`` is most of its ``interval`` is host-bound: more host work
+per layer makes it longer one for one. ``--point`` keeps the steps of one point's measured run
+(``provenance.time_utc`` less ``metrics.duration_s``; the clock's ``wall`` is ``time.time()`` on the same host).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+PARTS = ("interval", "wait", "launch", "sample")
+
+
+def load(paths: list[Path]) -> list[dict]:
+    """Every step of the given files (or ``steps-*.jsonl`` in the given folders), in clock order; a torn last
+    line (a process killed mid-append) is skipped."""
+    files = [f for p in paths for f in (sorted(p.glob("steps-*.jsonl")) if p.is_dir() else [p] if p.exists() else [])]
+    if not files:
+        raise ValueError(f"no steps-*.jsonl in {', '.join(map(str, paths))}: was the server started with "
+                         "stepclock/ on PYTHONPATH and COMMITBENCH_STEPCLOCK set?")
+    rows = []
+    for f in files:
+        for line in f.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return sorted(rows, key=lambda r: r["t0"])
+
+
+def timed(rows: list[dict]) -> list[dict]:
+    """Each step with its parts in ms; ``interval`` None for the last step (no next one)."""
+    out = []
+    for r, nxt in zip(rows, rows[1:] + [None]):
+        tb = r.get("tb") if r.get("tb") is not None else r["t0"]
+        out.append({**r, "kind": "with prompt" if r.get("prompt_tokens") else "decode only",
+                    "interval": None if nxt is None else 1e3 * (nxt["t0"] - r["t0"]),
+                    "wait": 1e3 * (tb - r["t0"]), "launch": 1e3 * (r["t1"] - tb),
+                    "sample": 1e3 * (r["t3"] - r["t2"]) if "t3" in r else None})
+    return out
+
+
+def span(summary: dict) -> tuple[float, float]:
+    """A point's measured run as ``time.time()`` seconds, from its summary."""
+    try:
+        end = dt.datetime.fromisoformat(summary["provenance"]["time_utc"]).timestamp()
+        return end - float(summary["metrics"]["duration_s"]), end
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"the point's summary has no provenance.time_utc and metrics.duration_s ({e})") from None
+
+
+def summarize(steps: list[dict]) -> dict[str, dict]:
+    """Per kind: steps, mean decoding requests and prompt tokens, and the median and mean of each part."""
+    out = {}
+    for kind in ("decode only", "with prompt"):
+        sel = [s for s in steps if s["kind"] == kind]
+        if not sel:
+            continue
+        row = {"steps": len(sel), "decode_reqs": statistics.fmean(s["decode_reqs"] for s in sel),
+               "prompt_tokens": statistics.fmean(s["prompt_tokens"] for s in sel)}
+        for part in PARTS:
+            xs = [s[part] for s in sel if s[part] is not None]
+            row[part] = {"median": statistics.median(xs), "mean": statistics.fmean(xs)} if xs else None
+        out[kind] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", type=Path, help="the clock's folder or its steps-*.jsonl files")
+    ap.add_argument("--point", type=Path, help="a point's summary.json: only the steps of its measured run")
+    ap.add_argument("--json", type=Path, help="also write the summary here")
+    args = ap.parse_args(argv)
+    try:
+        steps = timed(load(args.paths))
+        if args.point:
+            lo, hi = span(json.loads(args.point.read_text()))
+            steps = [s for s in steps if lo <= s["wall"] <= hi]
+            if not steps:
+                raise ValueError(f"no step of the clock falls in {args.point}'s run: another server's point?")
+        summary = summarize(steps)
+    except (OSError, ValueError) as e:
+        print(f"step_clock: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(steps)} steps; ms, median (mean)")
+    print(f"  {'kind':12s} {'steps':>6s} {'decodes':>8s} {'prompt':>7s} " + " ".join(f"{p:>16s}" for p in PARTS))
+    for kind, r in summary.items():
+        cells = " ".join(f"{'-':>16s}" if r[p] is None else f"{r[p]['median']:7.1f} ({r[p]['mean']:6.1f})"
+                         for p in PARTS)
+        print(f"  {kind:12s} {r['steps']:6d} {r['decode_reqs']:8.1f} {r['prompt_tokens']:7.0f} {cells}")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

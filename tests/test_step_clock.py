@@ -1,0 +1,55 @@
+"""The step clock's reader (results/h200-kernel-speed/device/step_clock.py) on rows in the layout its probe
+writes (stepclock/commitbench_stepclock.py; tests/test_vllm_sweep.py runs the probe in a real vLLM): each step's
+interval, host wait, launch and sampling, decode-only steps and steps with prompt tokens apart."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+DEVICE = Path(__file__).resolve().parents[1] / "results/h200-kernel-speed/device"
+sys.path.insert(0, str(DEVICE))
+import step_clock  # noqa: E402
+
+sys.path.remove(str(DEVICE))
+
+
+def _row(t0, wait, launch, sample, prompt, decodes=100, wall=1000.0):
+    tb = t0 + wait
+    return {"wall": wall + t0, "t0": t0, "tb": tb, "t1": tb + launch, "t2": tb + launch + 0.001,
+            "t3": tb + launch + 0.001 + sample, "reqs": decodes + (1 if prompt else 0), "tokens": 4 * decodes + prompt,
+            "decode_reqs": decodes, "prompt_tokens": prompt, "new_reqs": 1 if prompt else 0}
+
+
+def test_steps_are_timed_and_split_by_kind(tmp_path):
+    # decode steps every 30 ms (host waits 20 ms: device-bound); a mixed step of 100 ms whose host never waits
+    rows = [_row(0.000, 0.020, 0.005, 0.002, 0), _row(0.030, 0.020, 0.005, 0.002, 0),
+            _row(0.060, 0.000, 0.090, 0.005, 300), _row(0.160, 0.020, 0.005, 0.002, 0)]
+    (tmp_path / "steps-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    (tmp_path / "steps-2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[2:]) + '{"t0": 0.2, "tb"')
+    steps = step_clock.timed(step_clock.load([tmp_path]))           # two files, clock order, torn line skipped
+    assert [round(s["interval"], 3) if s["interval"] else None for s in steps] == [30.0, 30.0, 100.0, None]
+    kinds = step_clock.summarize(steps)
+    assert kinds["with prompt"]["steps"] == 1 and kinds["with prompt"]["prompt_tokens"] == 300
+    assert kinds["with prompt"]["wait"]["median"] == pytest.approx(0.0)
+    assert kinds["with prompt"]["launch"]["median"] == pytest.approx(90.0)
+    assert kinds["decode only"]["steps"] == 3 and kinds["decode only"]["wait"]["mean"] == pytest.approx(20.0)
+    assert kinds["decode only"]["interval"]["median"] == pytest.approx(30.0)   # the last step has none
+
+
+def test_a_point_s_run_and_bad_input(tmp_path, capsys):
+    rows = [_row(t, 0.02, 0.005, 0.002, 0, wall=1_800_000_000.0) for t in (0.0, 0.03, 0.06)]
+    (tmp_path / "steps-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"provenance": {"time_utc": "2027-01-15T08:00:00.040000+00:00"}, "metrics": {"duration_s": 0.04}}
+    lo, hi = step_clock.span(summary)
+    assert hi - lo == pytest.approx(0.04) and hi == pytest.approx(1_800_000_000.04)
+    (tmp_path / "s.json").write_text(json.dumps(summary))
+    out = tmp_path / "sum.json"
+    assert step_clock.main([str(tmp_path), "--point", str(tmp_path / "s.json"), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["decode only"]["steps"] == 2           # the steps at 0.00 and 0.03 s
+    assert step_clock.main([str(tmp_path / "empty")]) == 2
+    assert "COMMITBENCH_STEPCLOCK" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="provenance.time_utc"):
+        step_clock.span({})
