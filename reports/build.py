@@ -49,19 +49,9 @@ def paper_figures() -> list[str]:
 
 
 def make_figures(store, result) -> list[tuple[str, Any]]:
+    """The registered figures (reports.figures.FIGURES) drawn for ``store``'s analysis ``result``."""
     model_cfg = next((s["config"]["model"] for s in store.summaries()), None)
-    figs = [("Peak KV-pool usage vs load", figures.peak_kv_vs_load(result)),
-            ("Ratio distributions by regime", figures.ratio_distributions(result)),
-            ("p99 TTFT vs load", figures.p99_ttft_vs_load(result)),
-            ("TTFT CDF at the most memory-bound point", figures.ttft_cdf(result, store.requests)),
-            ("Acceptance length per workload", figures.acceptance_per_workload(result))]
-    if model_cfg:
-        figs.append(("Speculative state vs draft-tree size", figures.spec_memory_vs_tree(model_cfg, result["engine"])))
-    trees = figures.acceptance_vs_tree(Path(__file__).resolve().parents[1] / "results" / "acceptance" /
-                                       "tree_widths.json")
-    if trees is not None:
-        figs.append(("Acceptance length vs draft tree (the acceptance gate's tiny hybrid)", trees))
-    return figs
+    return figures.draw(figures.Inputs(result, store.requests, model_cfg))
 
 
 def build_report(store, result: dict[str, Any] | None = None) -> Path:

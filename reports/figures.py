@@ -1,4 +1,6 @@
-"""The report's figures (matplotlib, Agg): each function takes the analysis and returns a Figure.
+"""The report's figures (matplotlib, Agg). Each is one function here, registered with ``@figure(title)``: it
+takes the report's :class:`Inputs` and returns a Figure, or None where the store has nothing for it to draw.
+The report shows them in the order they are defined. Adding a figure is adding one such function.
 
 Every figure carries the engine in its title ("engine: sim" for simulator results).
 """
@@ -6,7 +8,9 @@ Every figure carries the engine in its title ("engine: sim" for simulator result
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import matplotlib
 
@@ -19,6 +23,32 @@ from analysis.sweep import memory_order, memory_title  # noqa: E402
 COLORS = {"no_spec": "#9e9e9e", "store_all": "#444444", "replay": "#1f77b4", "treewy": "#d62728",
           "treewy_deferred": "#2ca02c",
           "treewy_fused": "#ff9896"}   # the last: kernel benchmark only (TreeWY's commit + verify in one kernel)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a figure may draw from: ``result`` (analysis.sweep.analyze's), ``requests_of(point_id)`` (a point's
+    request records), ``model`` (the points' model config; None where the store has no point)."""
+    result: dict[str, Any]
+    requests_of: Callable[[str], list[dict[str, Any]]] = lambda point_id: []
+    model: dict[str, Any] | None = None
+
+
+#: (title, function) of every report figure, in the report's order
+FIGURES: list[tuple[str, Callable[[Inputs], "plt.Figure | None"]]] = []
+
+
+def figure(title: str):
+    """Registers ``fn(inputs) -> Figure | None`` as a report figure titled ``title``."""
+    def add(fn):
+        FIGURES.append((title, fn))
+        return fn
+    return add
+
+
+def draw(inputs: Inputs) -> list[tuple[str, "plt.Figure"]]:
+    """Every registered figure that has something to draw, with its title."""
+    return [(title, f) for title, fn in FIGURES if (f := fn(inputs)) is not None]
 
 
 def _series(p) -> str:
@@ -74,7 +104,9 @@ def _metric_vs_load(result, panels, value, ylabel: str, title: str, ylog: bool =
     return fig
 
 
-def peak_kv_vs_load(result) -> plt.Figure:
+@figure("Peak KV-pool usage vs load")
+def peak_kv_vs_load(inp: Inputs) -> plt.Figure:
+    result = inp.result
     pts = _ok(result)
     order = {p["memory"]: memory_order(p) for p in pts}
     panels = sorted({(p["workload"], p["memory"]) for p in pts}, key=lambda wm: (wm[0], order[wm[1]]))[:9]
@@ -82,7 +114,9 @@ def peak_kv_vs_load(result) -> plt.Figure:
                            "Peak KV-pool usage vs load")
 
 
-def p99_ttft_vs_load(result) -> plt.Figure:
+@figure("p99 TTFT vs load")
+def p99_ttft_vs_load(inp: Inputs) -> plt.Figure:
+    result = inp.result
     pts = _ok(result)
     g_min = min(pts, key=memory_order)["memory"]      # the tightest budget: where TTFT differs most
     panels = [(w, g_min) for w in sorted({p["workload"] for p in pts})[:6]]
@@ -90,7 +124,9 @@ def p99_ttft_vs_load(result) -> plt.Figure:
                            "p99 time to first token vs load", ylog=True)
 
 
-def ratio_distributions(result) -> plt.Figure:
+@figure("Ratio distributions by regime")
+def ratio_distributions(inp: Inputs) -> plt.Figure:
+    result = inp.result
     pts = _ok(result)
     base = result["baseline"]
     groups = defaultdict(dict)
@@ -121,8 +157,10 @@ def ratio_distributions(result) -> plt.Figure:
     return fig
 
 
-def ttft_cdf(result, requests_of) -> plt.Figure:
+@figure("TTFT CDF at the most memory-bound point")
+def ttft_cdf(inp: Inputs) -> plt.Figure:
     """TTFT CDF per strategy at the most memory-bound group (the baseline's most preemptions, then waits)."""
+    result, requests_of = inp.result, inp.requests_of
     pts = _ok(result)
     base = result["baseline"]
     cands = [p for p in pts if p["strategy"] == base and _series(p) != "no_spec"]
@@ -149,7 +187,9 @@ def ttft_cdf(result, requests_of) -> plt.Figure:
     return fig
 
 
-def acceptance_per_workload(result) -> plt.Figure:
+@figure("Acceptance length per workload")
+def acceptance_per_workload(inp: Inputs) -> plt.Figure:
+    result = inp.result
     pts = _ok(result)
     workloads_ = sorted({p["workload"] for p in pts})
     strats = [s for s in _strategies(result) if s != "no_spec"]    # no drafts, no acceptance length
@@ -167,8 +207,12 @@ def acceptance_per_workload(result) -> plt.Figure:
     return fig
 
 
-def spec_memory_vs_tree(model_cfg: dict[str, Any], engine: str) -> plt.Figure:
+@figure("Speculative state vs draft-tree size")
+def spec_memory_vs_tree(inp: Inputs) -> plt.Figure | None:
     """Speculative GDN state per request vs draft-tree size, from the strategies' memory accounting."""
+    if inp.model is None:
+        return None
+    model_cfg, engine = inp.model, inp.result["engine"]
     import strategies
     from strategies import DraftTree, GDNShape, MiB
 
@@ -201,12 +245,15 @@ def _load_name(pts) -> str:
     return kinds.pop() if len(kinds) == 1 else "load"
 
 
-def acceptance_vs_tree(path) -> plt.Figure | None:
+#: the acceptance gate's tree-width sweep, where `check-acceptance tree_sweep_out=...` (README) records it
+TREE_WIDTHS = Path(__file__).resolve().parents[1] / "results" / "acceptance" / "tree_widths.json"
+
+
+@figure("Acceptance length vs draft tree (the acceptance gate's tiny hybrid)")
+def acceptance_vs_tree(inp: Inputs, path: Path = TREE_WIDTHS) -> plt.Figure | None:
     """The acceptance gate's tree-width sweep (results/acceptance/tree_widths.json), if recorded."""
     import json
-    from pathlib import Path
 
-    path = Path(path)
     if not path.is_file():
         return None
     data = json.loads(path.read_text())

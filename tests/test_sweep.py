@@ -811,7 +811,7 @@ def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_n
     assert memory_title("kv32MiB") == "KV pool 32 MiB" and memory_title("gmu0.9") == "gmu 0.9"
     assert sorted(["kv64MiB", "kv128MiB", "kv32MiB"], key=lambda m: memory_order({"memory": m})) == \
         ["kv32MiB", "kv64MiB", "kv128MiB"]
-    fig = figures.peak_kv_vs_load(result)
+    fig = figures.peak_kv_vs_load(figures.Inputs(result))
     assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["sharegpt, KV pool 32 MiB",
                                                                        "sharegpt, KV pool 64 MiB"]
     plt.close(fig)
@@ -819,3 +819,33 @@ def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_n
     same = harness("compare", str(store.root), str(store.root))       # a folder against itself: every point common
     assert same.returncode == 0, same.stderr[-2000:]
     assert "sharegpt KV pool 32 MiB c8 chain:3 treewy" in same.stdout and "4 common points" in same.stdout
+
+
+def test_a_figure_is_one_registered_function_and_the_report_draws_every_one(tmp_path, monkeypatch):
+    """Adding a report figure is one function with @figure(title) in reports/figures.py: the report draws it, in
+    the order of definition, and leaves out a figure with nothing to draw (None)."""
+    import matplotlib.pyplot as plt
+
+    from reports import build, figures
+
+    out = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "concurrency=[8]", "report=false")
+    assert out.returncode == 0, out.stderr[-3000:]
+    drawn = []
+    monkeypatch.setattr(figures, "FIGURES", list(figures.FIGURES))     # the registrations below end with the test
+
+    @figures.figure("A new figure")
+    def new(inp):
+        drawn.append(len(inp.result["points"]))
+        fig, _ = plt.subplots()
+        return fig
+
+    @figures.figure("Nothing to draw here")
+    def empty(inp):
+        return None
+
+    report = build.build_report(Store(tmp_path / "s"))
+    html = (report / "report.html").read_text()
+    assert drawn == [2] and "A new figure" in html and "Nothing to draw here" not in html
+    titles = [t for t, _ in figures.FIGURES]
+    assert titles.index("Peak KV-pool usage vs load") < titles.index("A new figure")
+
