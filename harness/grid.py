@@ -127,10 +127,10 @@ def validate(cfg: dict[str, Any]) -> None:
     for axis in AXES:
         if axis in cfg and isinstance(cfg[axis], (list, tuple)) and not cfg[axis]:
             raise ValueError(f"{axis}=[]: the grid needs at least one value on every axis")
-    seed = cfg.get("seed", 0)
+    seed = cfg["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed}: one whole number per sweep; run one sweep per seed (out=DIR each)")
-    jobs = cfg.get("jobs", 1)
+    jobs = cfg.get("jobs", 1)    # a sweep's setting (conf/sweep.yaml); python -m harness.point has none
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs={jobs}: must be a whole number >= 1 (points run in parallel on this machine)")
 
@@ -184,7 +184,7 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                             "draft": None if no_spec else draft, "gmu": float(gmu), "load": load,
                             "requests": n, "max_num_seqs": cfg["max_num_seqs"],
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
-                            "max_model_len": cfg["max_model_len"], "seed": cfg.get("seed", 0)})
+                            "max_model_len": cfg["max_model_len"], "seed": cfg["seed"]})
     return out
 
 

@@ -172,7 +172,7 @@ def main() -> None:
         store = Store(c["out"])
         if not (store.root / "sweep.json").exists():  # the first job describes the sweep (atomic; any may)
             store.init({"sweep_name": "hydra-multirun", "model": c["model"]["name"], "gpu": c["gpu"]["name"],
-                        "baseline": c.get("baseline", "store_all"), "thresholds": c.get("thresholds")})
+                        "baseline": c["baseline"], "thresholds": c["thresholds"]})
         try:
             s = run_point(pc, store)
         finally:

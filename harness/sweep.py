@@ -50,7 +50,7 @@ def run(cfg: DictConfig) -> int:
         shared = engine_name == "vllm"
         budget = TimeBudget(c["time_budget_s"], server_key if shared else None, compile_key if shared else None,
                             spent_s=process_age_s())
-        if int(c.get("jobs", 1)) > 1:
+        if int(c["jobs"]) > 1:
             raise ValueError(f"time_budget_s={c['time_budget_s']} with jobs={c.get('jobs')}: the budget decides "
                              "before each point, one at a time; use jobs=1, or time_budget_s=null")
     out = Path(c["out"]) if c.get("out") else default_out(c)
@@ -61,11 +61,11 @@ def run(cfg: DictConfig) -> int:
     todo = []
     for p in points:
         status = store.status(point_id(p))
-        if status == "ok" or (status == "failed" and not c.get("retry_failed", True)):
+        if status == "ok" or (status == "failed" and not c["retry_failed"]):
             continue
         todo.append(p)
     if engine_name == "vllm":
-        if int(c.get("jobs", 1)) > 1:
+        if int(c["jobs"]) > 1:
             raise ValueError(f"jobs={c.get('jobs')}: engine=vllm points share one server and GPU; use jobs=1")
     calls = CallLog(out)
     # the kinds whose graphs this host's caches hold run first (a budget also counts the kinds this host ran)
@@ -92,7 +92,7 @@ def run(cfg: DictConfig) -> int:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False) as bar:
             task = bar.add_task("points", total=len(runs))
-            for s in _execute(runs, int(c.get("jobs", 1)), budget, stop):
+            for s in _execute(runs, int(c["jobs"]), budget, stop):
                 failed += s["status"] != "ok"
                 calls.finished(call, s["point_id"])
                 if engine_name == "vllm" and s["status"] == "ok":     # its graphs are in vLLM's caches now
@@ -125,7 +125,7 @@ def run(cfg: DictConfig) -> int:
     result = analyze(store)
     write_analysis(store, result)
     report_path = None
-    if c.get("report", True):
+    if c["report"]:
         from reports.build import build_report
 
         report_path = build_report(store, result)

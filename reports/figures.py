@@ -217,7 +217,7 @@ def spec_memory_vs_tree(inp: Inputs) -> plt.Figure | None:
     from strategies import DraftTree, GDNShape, MiB
 
     shape = GDNShape.from_config(model_cfg["gdn"])
-    dtype = model_cfg["gdn"].get("state_dtype", "float32")
+    dtype = model_cfg["gdn"]["state_dtype"]
     shapes = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3)]
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for name in strategies.names():

@@ -64,7 +64,7 @@ def run(cfg: DictConfig) -> int:
     _STATE.update(cfg=OmegaConf.to_container(cfg, resolve=True), model=load_model(cfg.model),
                   gpu=GPUSpec.from_config(OmegaConf.to_container(cfg.gpu, resolve=True)), pools=_load_pools(cfg))
     keys = [(w, g, c, s) for w in cfg.workloads for g in cfg.gmu for c in cfg.concurrency for s in cfg.strategies]
-    tp = int(cfg.engine.get("tensor_parallel_size", 1))
+    tp = int(cfg.engine.tensor_parallel_size)
     gpus = f"{tp} x {cfg.gpu.name}" if tp > 1 else cfg.gpu.name
     console.print(f"[bold]bench sim[/] (engine: sim, mode {cfg.engine.mode}): {cfg.model.display_name} on {gpus}, "
                   f"{len(keys) // len(cfg.strategies)} points x {len(cfg.strategies)} strategies, "

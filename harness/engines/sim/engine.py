@@ -42,8 +42,8 @@ class _Run:
         self.p = point
         self.cfg = cfg
         tree = point.tree
-        buffer_len = int(cfg.get("buffer_len", 16))
-        tp = int(cfg.get("tensor_parallel_size", 1))     # per-GPU pool and weights; the step spans tp GPUs
+        buffer_len = int(cfg["buffer_len"])
+        tp = int(cfg["tensor_parallel_size"])     # per-GPU pool and weights; the step spans tp GPUs
         self.pool = build_pool(point.model, point.gpu, point.strategy, tree, point.gmu, cfg, buffer_len, tp=tp,
                                kv_cache_bytes=point.kv_cache_bytes)
         plan = self.pool.plan
@@ -57,7 +57,7 @@ class _Run:
         self.acc = Acceptance(rates_for(tree, cfg["acceptance"]) if tree is not None else np.zeros(0), point.seed)
         self.step = build_step_model(point.model, point.gpu, point.strategy, tree, self.acc.mean_length, cfg,
                                      buffer_len, tp=tp)
-        self.horizon = int(cfg.get("horizon_steps", 64))
+        self.horizon = int(cfg["horizon_steps"])
         n = len(point.requests)
         self.prompt = np.array([r.prompt_len for r in point.requests], dtype=np.int64)
         self.out = np.array([r.output_len for r in point.requests], dtype=np.int64)
@@ -332,7 +332,7 @@ class _Run:
         used = np.concatenate(self.samples_used) if self.samples_used else np.zeros(0)
         running = np.concatenate(self.samples_running) if self.samples_running else np.zeros(0)
         usage = used / self.num_blocks
-        keep = _downsample(len(t), int(self.cfg.get("kv_usage_samples", 200)), usage)
+        keep = _downsample(len(t), int(self.cfg["kv_usage_samples"]), usage)
         d = np.concatenate(self.itl_d) if self.itl_d else np.zeros(0)
         w = np.concatenate(self.itl_w) if self.itl_w else np.zeros(0)
         plan = self.pool.plan
