@@ -34,10 +34,14 @@ class SimEngine:
         self.cfg = dict(cfg)
 
     def run(self, point: Point) -> PointResult:
-        return _Run(point, self.cfg).go()
+        return PointSimulation(point, self.cfg).go()
 
 
-class _Run:
+class PointSimulation:
+    """One point simulated step by step: arrivals, vLLM-style scheduling (chunked prefill, FCFS admission,
+    preemption of the newest when the pool is short), each step timed by the calibrated step model, and the
+    point's per-request records and telemetry at the end (:meth:`go`). Times in seconds."""
+
     def __init__(self, point: Point, cfg: Mapping[str, Any]):
         self.p = point
         self.cfg = cfg
@@ -161,6 +165,32 @@ class _Run:
         return int(self.prompt[rid] + self.got[rid])  # a preempted request recomputes its output too
 
     def _single_step(self) -> None:
+        """One engine step: schedule it as vLLM's scheduler would, time it with the step model, apply it."""
+        decode, new, chunk, blocked_by_memory = self._schedule()
+        if not len(self.rid):
+            # Nothing can run: the head of the queue needs more blocks than the whole pool.
+            rid = self.waiting.popleft()
+            self.finish[rid] = self.t
+            self.error[rid] = (f"needs {int(self._blocks(self._to_prefill(rid)))} blocks; the pool has "
+                               f"{self.num_blocks}")
+            return
+        n_dec = int(decode.sum())
+        ctx = float(self.kv[decode].sum())
+        pre = chunk > 0
+        dt = float(self.step.time(n_dec, ctx, float(chunk.sum()), int(pre.sum()),
+                                  float((chunk[pre] * (self.kv[pre] + chunk[pre] / 2)).sum())))
+        if self.waiting and blocked_by_memory:
+            self.wait_mem_s += dt * len(self.waiting)
+            self.waited_mem.update(self.waiting)
+        self.t += dt
+        self.steps += 1
+        self._apply(decode, chunk, n_dec, dt)
+
+    def _schedule(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """The step's batch over the running set after preemption and admission: per running request, whether
+        it decodes, its decode tokens (1 + k) and its prefill chunk (tokens); and whether a waiting request was
+        left out for want of blocks. Running requests keep their decodes and chunks first (oldest first), the
+        newest are preempted until the rest fit, then waiting requests are admitted FCFS."""
         p = self.p
         budget = p.max_num_batched_tokens
         decode = self.left == 0
@@ -200,24 +230,11 @@ class _Run:
             chunk = np.append(chunk, c)
             decode = np.append(decode, False)
             budget -= c
-        if not len(self.rid):
-            # Nothing can run: the head of the queue needs more blocks than the whole pool.
-            rid = self.waiting.popleft()
-            self.finish[rid] = self.t
-            self.error[rid] = (f"needs {int(self._blocks(self._to_prefill(rid)))} blocks; the pool has "
-                               f"{self.num_blocks}")
-            return
-        n_dec = int(decode.sum())
-        ctx = float(self.kv[decode].sum())
-        pre = chunk > 0
-        dt = float(self.step.time(n_dec, ctx, float(chunk.sum()), int(pre.sum()),
-                                  float((chunk[pre] * (self.kv[pre] + chunk[pre] / 2)).sum())))
-        if self.waiting and blocked_by_memory:
-            self.wait_mem_s += dt * len(self.waiting)
-            self.waited_mem.update(self.waiting)
-        self.t += dt
-        self.steps += 1
-        # Outcomes.
+        return decode, new, chunk, blocked_by_memory
+
+    def _apply(self, decode: np.ndarray, chunk: np.ndarray, n_dec: int, dt: float) -> None:
+        """The step's outcomes, at ``self.t`` (its end): accepted tokens of the decodes, prefill progress (a
+        finished prompt yields its first token), first-token and finish times, and the step's telemetry."""
         produced = np.zeros(len(self.rid), dtype=np.int64)
         if n_dec:
             if self.spec:
@@ -226,6 +243,7 @@ class _Run:
                 produced[decode] = 1 + a
             else:
                 produced[decode] = 1
+        pre = chunk > 0
         self.kv += chunk
         self.left -= chunk
         done_prefill = pre & (self.left == 0)
