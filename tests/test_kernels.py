@@ -270,6 +270,10 @@ def test_bench_kernels_smoke_and_report(tmp_path):
         real = subprocess.run([sys.executable, "-m", "harness", "bench", "kernels"], capture_output=True, text=True,
                               timeout=300)
         assert real.returncode == 2 and "no" in real.stderr and "smoke=true" in real.stderr
+    # an unknown section is refused before anything is timed, with the choices
+    bad = subprocess.run([sys.executable, "-m", "harness", "bench", "kernels", "smoke=true", "sections=[layer,nope]"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown ['nope']" in bad.stderr and "copy bandwidth" not in bad.stdout
 
 
 @pytest.mark.skipif(not GPU, reason="needs ~10 GB of GPU memory: 256 requests x 18 snapshots at the real heads")

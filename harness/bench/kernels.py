@@ -296,6 +296,9 @@ def run(cfg: DictConfig) -> int:
 
     from ..console import console as make_console
 
+    unknown = sorted(set(cfg.sections) - set(SECTIONS))       # refused before any timing runs
+    if unknown:
+        raise ValueError(f"sections={list(cfg.sections)}: unknown {unknown}; choose from {list(SECTIONS)}")
     if not kernels.available():
         raise ValueError("bench kernels: Triton is not installed; on the GPU host it comes with CUDA torch, "
                          "elsewhere pip install 'commitbench[gpu]'")
@@ -336,21 +339,12 @@ def run(cfg: DictConfig) -> int:
         "config": OmegaConf.to_container(cfg, resolve=True)}
     out = Path(str(cfg.out)) if cfg.out else None
     done = _resume(out, result, console)
-    unknown = sorted(set(cfg.sections) - set(SECTIONS))
-    if unknown:
-        raise ValueError(f"sections={list(cfg.sections)}: unknown {unknown}; choose from {list(SECTIONS)}")
     if "layer" in cfg.sections:
         _layer_section(result, shape, cfg, gen, device, copy_bw, console, out)
     if "kernels" in cfg.sections:
         _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out)
     if "solve" in cfg.sections:
-        have = {r["nodes"] for r in result["solve"]}
-        for N in cfg.solve_nodes:
-            if int(N) not in have:
-                result["solve"].append(_solve_row(int(N), shape, cfg, gen, device, result["tiles"]
-                                                  or _fixed_tiles(cfg)))
-                _save(out, result)
-                console.print(f"  solve vs N: N={N} done")
+        _solve_section(result, shape, cfg, gen, device, console, out)
     result["crossover_nodes"] = crossover(result["solve"])
     result["complete"] = True
     print_tables(console, result)
@@ -367,6 +361,17 @@ def run(cfg: DictConfig) -> int:
 
 
 SECTIONS = ("layer", "kernels", "solve")
+
+
+def _solve_section(result, shape, cfg, gen, device, console, out) -> None:
+    """The triangular solve against the draft's node count N (``cfg.solve_nodes``), each N saved as it is done
+    (a resumed run skips those it has)."""
+    have = {r["nodes"] for r in result["solve"]}
+    for N in cfg.solve_nodes:
+        if int(N) not in have:
+            result["solve"].append(_solve_row(int(N), shape, cfg, gen, device, result["tiles"] or _fixed_tiles(cfg)))
+            _save(out, result)
+            console.print(f"  solve vs N: N={N} done")
 
 
 def _fixed_tiles(cfg: DictConfig) -> dict[str, dict[str, int]]:
