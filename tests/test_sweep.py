@@ -57,6 +57,8 @@ def test_sweep_writes_points_analysis_and_reports(tmp_path):
     assert "triton" in s["provenance"]           # None where it is not installed, its version where it is
     assert s["config"]["model"]["name"] == "qwen35_35b" and s["config"]["gpu"]["name"] == "h200"
     assert len(store.requests(s["point_id"])) == s["config"]["requests"]
+    from harness.telemetry import problems
+    assert [problems(x["telemetry"]) for x in summaries] == [[]] * len(summaries)     # the schema analysis reads
     analysis = json.loads((tmp_path / "s" / "analysis.json").read_text())
     assert analysis["counts"]["groups"] == 4 and analysis["engine"] == "sim"
     html = (tmp_path / "s" / "report.html").read_text()

