@@ -35,11 +35,10 @@ def _load_label(load: dict) -> tuple[str, float]:
     return f"{load['kind']} rate", float(load["rate"])
 
 
-def memory_order(row: dict[str, Any]) -> tuple:
-    """Sorts rows by their memory budget: gmu budgets by fraction, fixed KV pools by size (``memory`` is
-    :func:`harness.point.memory_budget`'s ``gmu0.9`` or ``kv32MiB``)."""
-    m = str(row["memory"])
-    return ("kv", float(m[2:-3])) if m.startswith("kv") else ("gmu", float(m[3:]))
+def memory_order(memory: str) -> tuple:
+    """Sorts memory budgets (a row's ``memory``, :func:`harness.point.memory_budget`'s ``gmu0.9`` or ``kv32MiB``):
+    gmu budgets by fraction, fixed KV pools by size."""
+    return ("kv", float(memory[2:-3])) if memory.startswith("kv") else ("gmu", float(memory[3:]))
 
 
 def memory_title(memory: str) -> str:

@@ -107,7 +107,6 @@ RATIO_HEAD = ["strategy", "regime", "groups", "throughput (x)", "p99 TTFT (x low
               "TPOT (x lower)"]
 
 
-
 def _cell(key: str, v) -> str:
     if v is None:
         return ""
@@ -131,7 +130,7 @@ def _png(fig) -> str:
 def render_html(result: dict[str, Any], figs, prov: dict[str, Any]) -> str:
     e = html.escape
     rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in ratio_rows(result))
-    pts = sorted(result["points"], key=lambda p: (p["workload"], memory_order(p), p["load"], p["strategy"]))
+    pts = sorted(result["points"], key=lambda p: (p["workload"], memory_order(p["memory"]), p["load"], p["strategy"]))
     body = "".join("<tr>" + "".join(f"<td>{e(_cell(k, p.get(k)))}</td>" for k, _ in COLUMNS) + "</tr>" for p in pts)
     head = "".join(f"<th onclick=\"sortTable({i})\">{e(label)}</th>" for i, (_, label) in enumerate(COLUMNS))
     figs_html = "".join(f"<figure><img alt=\"{e(t)}\" src=\"data:image/png;base64,{_png(f)}\"><figcaption>{e(t)}"
@@ -328,7 +327,7 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
                         SIDE_HEAD, note=SIDE_NOTE)
         for _, f in figs:
             pdf.savefig(f)
-        pts = sorted(result["points"], key=lambda p: (p["workload"], memory_order(p), p["load"], p["strategy"]))
+        pts = sorted(result["points"], key=lambda p: (p["workload"], memory_order(p["memory"]), p["load"], p["strategy"]))
         keys = [k for k, _ in COLUMNS[1:]]
         for start in range(0, len(pts), 40):
             fig = plt.figure(figsize=(11.7, 8.3))

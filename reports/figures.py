@@ -107,9 +107,8 @@ def _metric_vs_load(result, panels, value, ylabel: str, title: str, ylog: bool =
 @figure("Peak KV-pool usage vs load")
 def peak_kv_vs_load(inp: Inputs) -> plt.Figure:
     result = inp.result
-    pts = _ok(result)
-    order = {p["memory"]: memory_order(p) for p in pts}
-    panels = sorted({(p["workload"], p["memory"]) for p in pts}, key=lambda wm: (wm[0], order[wm[1]]))[:9]
+    panels = sorted({(p["workload"], p["memory"]) for p in _ok(result)},
+                    key=lambda wm: (wm[0], memory_order(wm[1])))[:9]
     return _metric_vs_load(result, panels, lambda p: p.get("peak_kv_usage") or 0, "peak KV-pool usage",
                            "Peak KV-pool usage vs load")
 
@@ -118,7 +117,7 @@ def peak_kv_vs_load(inp: Inputs) -> plt.Figure:
 def p99_ttft_vs_load(inp: Inputs) -> plt.Figure:
     result = inp.result
     pts = _ok(result)
-    g_min = min(pts, key=memory_order)["memory"]      # the tightest budget: where TTFT differs most
+    g_min = min((p["memory"] for p in pts), key=memory_order)      # the tightest budget: where TTFT differs most
     panels = [(w, g_min) for w in sorted({p["workload"] for p in pts})[:6]]
     return _metric_vs_load(result, panels, lambda p: p.get("ttft_p99") or None, "p99 TTFT (s)",
                            "p99 time to first token vs load", ylog=True)

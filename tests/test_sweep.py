@@ -811,7 +811,7 @@ def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_n
     assert sorted(c["memory"] for c in result["groups"]) == ["kv32MiB", "kv64MiB"]
     assert result["ratios"]["treewy"]["not memory-bound"]["throughput"]["n"] == 2   # two groups, not one
     assert memory_title("kv32MiB") == "KV pool 32 MiB" and memory_title("gmu0.9") == "gmu 0.9"
-    assert sorted(["kv64MiB", "kv128MiB", "kv32MiB"], key=lambda m: memory_order({"memory": m})) == \
+    assert sorted(["kv64MiB", "kv128MiB", "kv32MiB"], key=memory_order) == \
         ["kv32MiB", "kv64MiB", "kv128MiB"]
     fig = figures.peak_kv_vs_load(figures.Inputs(result))
     assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["sharegpt, KV pool 32 MiB",
