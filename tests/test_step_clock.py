@@ -53,3 +53,20 @@ def test_a_point_s_run_and_bad_input(tmp_path, capsys):
     assert "COMMITBENCH_STEPCLOCK" in capsys.readouterr().err
     with pytest.raises(ValueError, match="provenance.time_utc"):
         step_clock.span({})
+
+
+def test_the_layer_clock_s_parts(tmp_path, capsys):
+    """Rows with the layer clock's fields (summed over the GDN layers: host seconds, device ms) get a column per
+    part and side, in ms, and a second table; rows without them (a part the strategy never ran) leave it out."""
+    rows = [_row(t, 0.0, 0.08, 0.005, 300) for t in (0.0, 0.1)]
+    rows[0].update(core_host=0.040, core_n=30, core_dev=20.0, leave_host=0.012, leave_n=30, leave_dev=0.5)
+    rows[1].update(core_host=0.050, core_n=30, core_dev=22.0)
+    (tmp_path / "steps-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kinds = step_clock.summarize(step_clock.timed(step_clock.load([tmp_path])))
+    mixed = kinds["with prompt"]
+    assert mixed["core host"]["median"] == pytest.approx(45.0) and mixed["core dev"]["mean"] == pytest.approx(21.0)
+    assert mixed["leave host"]["median"] == pytest.approx(12.0)          # one step had it
+    assert "spec host" not in mixed and "build dev" not in mixed
+    assert step_clock.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "layer clock" in out and "core host" in out and "leave dev" in out

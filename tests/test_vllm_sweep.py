@@ -85,7 +85,7 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     out = tmp_path / "sweep"
     cache = tmp_path / "vllm-cache"       # vLLM's cache root for this test (the fixture sets it)
     device = ROOT / "results/h200-kernel-speed/device"
-    env = {**os.environ, "COMMITBENCH_STEPCLOCK": str(tmp_path / "clock"),
+    env = {**os.environ, "COMMITBENCH_STEPCLOCK": str(tmp_path / "clock"), "COMMITBENCH_STEPCLOCK_LAYERS": "1",
            "PYTHONPATH": os.pathsep.join([str(device / "stepclock"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", "sweep=ci_vllm", f"out={out}"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -138,6 +138,12 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
         assert kinds["decode only"]["steps"] >= 5 and kinds["decode only"]["decode_reqs"] >= 1, s["point_id"]
         assert any(x["tb"] is not None for x in mine), "no GDN metadata build clocked"
         assert all(x["t0"] <= x["tb"] <= x["t1"] <= x["t2"] <= x["t3"] for x in mine if x["tb"] is not None)
+        # the layer clock: every step ran the GDN cores (three layers in the tiny model), a step with drafts the
+        # speculative kernel inside each; only treewy commits rows leaving the speculative path
+        spec = [x for x in mine if x["decode_reqs"]]
+        assert all(x["core_n"] == 3 for x in mine) and spec
+        assert all(x["spec_n"] == 3 and 0 < x["spec host"] < x["core host"] for x in spec)
+        assert any("leave_n" in x for x in mine) == (s["config"]["strategy"] == "treewy"), s["point_id"]
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two tensor-parallel CPU workers need two cores")

@@ -6,6 +6,8 @@
 # (N: the grid's place in the list); a folder resumes on the same host. `python results/h200-kernel-speed/device/iteration_log.py <engine log>` reads the step times back.
 #   CACHE_PACK=0 bash results/h200-kernel-speed/device/iterlog.sh gmu0.9-c256 \
 #     "strategy=[store_all,treewy] gmu=[0.9] concurrency=[256] baseline=store_all"
+# STEPCLOCK=1: the step clock (stepclock/) rides along into /tmp/iterlog-NAME/stepclock-gN, read with step_clock.py;
+# with COMMITBENCH_STEPCLOCK_LAYERS=1 also its layer clock (host and device time of the GDN layers' parts per step).
 # CALL_T0 and CALL_LIMIT as in e2e.sh.
 set -u
 NAME=$1; shift

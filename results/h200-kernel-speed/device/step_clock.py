@@ -12,6 +12,11 @@ Per step (milliseconds):
   and launching the forward pass, graphs replayed and, in PIECEWISE mode, every eager attention and GDN layer;
 - ``sample``: ``sample_tokens`` (sampling, rejection, the drafter's proposal; ``t3 - t2``).
 
+With the layer clock (``COMMITBENCH_STEPCLOCK_LAYERS=1``), per step and summed over the GDN layers, the host and
+device milliseconds of the layer's core (``core``), the plugin's commit of rows leaving the speculative path
+(``leave``), the speculative kernel (``spec``) and the plugin's part of the metadata builds (``build``, host only),
+in a second table. A part whose host time exceeds its device time is paced by the host.
+
 A step whose ``wait`` is near zero and whose ``launch`` is most of its ``interval`` is host-bound: more host work
 per layer makes it longer one for one. ``--point`` keeps the steps of one point's measured run
 (``provenance.time_utc`` less ``metrics.duration_s``; the clock's ``wall`` is ``time.time()`` on the same host).
@@ -26,6 +31,8 @@ import sys
 from pathlib import Path
 
 PARTS = ("interval", "wait", "launch", "sample")
+LAYER_PARTS = ("core", "leave", "spec", "build")
+LAYER_COLUMNS = tuple(f"{p} {side}" for p in LAYER_PARTS for side in ("host", "dev"))
 
 
 def load(paths: list[Path]) -> list[dict]:
@@ -53,7 +60,9 @@ def timed(rows: list[dict]) -> list[dict]:
         out.append({**r, "kind": "with prompt" if r.get("prompt_tokens") else "decode only",
                     "interval": None if nxt is None else 1e3 * (nxt["t0"] - r["t0"]),
                     "wait": 1e3 * (tb - r["t0"]), "launch": 1e3 * (r["t1"] - tb),
-                    "sample": 1e3 * (r["t3"] - r["t2"]) if "t3" in r else None})
+                    "sample": 1e3 * (r["t3"] - r["t2"]) if "t3" in r else None,
+                    **{f"{p} host": 1e3 * r[f"{p}_host"] for p in LAYER_PARTS if f"{p}_host" in r},
+                    **{f"{p} dev": r[f"{p}_dev"] for p in LAYER_PARTS if f"{p}_dev" in r}})
     return out
 
 
@@ -75,8 +84,8 @@ def summarize(steps: list[dict]) -> dict[str, dict]:
             continue
         row = {"steps": len(sel), "decode_reqs": statistics.fmean(s["decode_reqs"] for s in sel),
                "prompt_tokens": statistics.fmean(s["prompt_tokens"] for s in sel)}
-        for part in PARTS:
-            xs = [s[part] for s in sel if s[part] is not None]
+        for part in PARTS + tuple(c for c in LAYER_COLUMNS if any(c in s for s in sel)):
+            xs = [s[part] for s in sel if s.get(part) is not None]
             row[part] = {"median": statistics.median(xs), "mean": statistics.fmean(xs)} if xs else None
         out[kind] = row
     return out
@@ -105,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         cells = " ".join(f"{'-':>16s}" if r[p] is None else f"{r[p]['median']:7.1f} ({r[p]['mean']:6.1f})"
                          for p in PARTS)
         print(f"  {kind:12s} {r['steps']:6d} {r['decode_reqs']:8.1f} {r['prompt_tokens']:7.0f} {cells}")
+    layer = [c for c in LAYER_COLUMNS if any(c in r for r in summary.values())]
+    if layer:
+        print("summed over the GDN layers per step (layer clock); ms, median (mean)")
+        print(f"  {'kind':12s} " + " ".join(f"{c:>16s}" for c in layer))
+        for kind, r in summary.items():
+            cells = " ".join(f"{'-':>16s}" if r.get(c) is None else f"{r[c]['median']:7.2f} ({r[c]['mean']:6.2f})"
+                             for c in layer)
+            print(f"  {kind:12s} {cells}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
     return 0

