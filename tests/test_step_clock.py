@@ -70,3 +70,22 @@ def test_the_layer_clock_s_parts(tmp_path, capsys):
     assert step_clock.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "layer clock" in out and "core host" in out and "leave dev" in out
+
+
+def test_the_fit_of_steps_with_prompt_tokens(tmp_path, capsys):
+    """--fit: launch of the steps with prompt tokens = 40 ms + 1.5 ms per 100 prompt tokens + 0.2 ms per decoding
+    request + 1 ms per new request, recovered exactly from rows that follow it; too few steps: None."""
+    rows, t = [], 0.0
+    for i in range(12):
+        prompt, dec, new = 20 + 37 * i, 60 + (i * 7) % 50, i % 4
+        launch = (40 + 1.5 * prompt / 100 + 0.2 * dec + 1.0 * new) / 1e3
+        r = _row(t, 0.005, launch, 0.004, prompt, decodes=dec)
+        r["new_reqs"] = new
+        rows.append(r)
+        t += 0.2
+    (tmp_path / "steps-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = step_clock.fit(step_clock.timed(step_clock.load([tmp_path])), "launch")
+    assert [round(f[k], 6) for k in step_clock.FIT_TERMS] == [40.0, 1.5, 0.2, 1.0] and f["rms"] < 1e-6
+    assert step_clock.fit(step_clock.timed(rows[:4]), "launch") is None
+    assert step_clock.main([str(tmp_path), "--fit"]) == 0
+    assert "const 40.00" in capsys.readouterr().out

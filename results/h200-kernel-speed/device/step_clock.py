@@ -91,11 +91,32 @@ def summarize(steps: list[dict]) -> dict[str, dict]:
     return out
 
 
+FIT_TERMS = ("const", "per 100 prompt tokens", "per decoding request", "per new request")
+
+
+def fit(steps: list[dict], part: str = "launch") -> dict[str, float] | None:
+    """Least squares of ``part`` (ms) over the steps with prompt tokens against a constant, the prompt tokens
+    (per 100), the decoding requests and the new requests: what a step with prompt tokens costs whatever its
+    size (``const``) and what each unit adds; ``rms``: the residual. None with fewer steps than terms + 2."""
+    import numpy as np
+
+    sel = [s for s in steps if s["kind"] == "with prompt" and s.get(part) is not None]
+    if len(sel) < len(FIT_TERMS) + 2:
+        return None
+    X = np.array([[1.0, s["prompt_tokens"] / 100, s["decode_reqs"], s.get("new_reqs", 0)] for s in sel])
+    y = np.array([s[part] for s in sel])
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    return {**dict(zip(FIT_TERMS, map(float, coef))), "rms": float(np.sqrt(np.mean((X @ coef - y) ** 2))),
+            "steps": len(sel)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", type=Path, help="the clock's folder or its steps-*.jsonl files")
     ap.add_argument("--point", type=Path, help="a point's summary.json: only the steps of its measured run")
     ap.add_argument("--json", type=Path, help="also write the summary here")
+    ap.add_argument("--fit", action="store_true", help="also fit the steps with prompt tokens' interval and launch "
+                    "against their size (fit())")
     args = ap.parse_args(argv)
     try:
         steps = timed(load(args.paths))
@@ -105,23 +126,29 @@ def main(argv: list[str] | None = None) -> int:
             if not steps:
                 raise ValueError(f"no step of the clock falls in {args.point}'s run: another server's point?")
         summary = summarize(steps)
+        if args.fit:
+            summary["fit"] = {part: fit(steps, part) for part in ("interval", "launch")}
     except (OSError, ValueError) as e:
         print(f"step_clock: {e}", file=sys.stderr)
         return 2
     print(f"{len(steps)} steps; ms, median (mean)")
     print(f"  {'kind':12s} {'steps':>6s} {'decodes':>8s} {'prompt':>7s} " + " ".join(f"{p:>16s}" for p in PARTS))
-    for kind, r in summary.items():
+    kinds = {k: v for k, v in summary.items() if k != "fit"}
+    for kind, r in kinds.items():
         cells = " ".join(f"{'-':>16s}" if r[p] is None else f"{r[p]['median']:7.1f} ({r[p]['mean']:6.1f})"
                          for p in PARTS)
         print(f"  {kind:12s} {r['steps']:6d} {r['decode_reqs']:8.1f} {r['prompt_tokens']:7.0f} {cells}")
-    layer = [c for c in LAYER_COLUMNS if any(c in r for r in summary.values())]
+    layer = [c for c in LAYER_COLUMNS if any(c in r for r in kinds.values())]
     if layer:
         print("summed over the GDN layers per step (layer clock); ms, median (mean)")
         print(f"  {'kind':12s} " + " ".join(f"{c:>16s}" for c in layer))
-        for kind, r in summary.items():
+        for kind, r in kinds.items():
             cells = " ".join(f"{'-':>16s}" if r.get(c) is None else f"{r[c]['median']:7.2f} ({r[c]['mean']:6.2f})"
                              for c in layer)
             print(f"  {kind:12s} {cells}")
+    for part, f in (summary.get("fit") or {}).items():
+        print(f"fit, steps with prompt tokens, {part} (ms): " + ("too few steps" if f is None else ", ".join(
+            f"{t} {f[t]:.2f}" for t in FIT_TERMS) + f"; rms {f['rms']:.1f} over {f['steps']} steps"))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
     return 0
