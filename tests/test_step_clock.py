@@ -59,17 +59,19 @@ def test_the_layer_clock_s_parts(tmp_path, capsys):
     """Rows with the layer clock's fields (summed over the GDN layers: host seconds, device ms) get a column per
     part and side, in ms, and a second table; rows without them (a part the strategy never ran) leave it out."""
     rows = [_row(t, 0.0, 0.08, 0.005, 300) for t in (0.0, 0.1)]
-    rows[0].update(core_host=0.040, core_n=30, core_dev=20.0, leave_host=0.012, leave_n=30, leave_dev=0.5)
-    rows[1].update(core_host=0.050, core_n=30, core_dev=22.0)
+    rows[0].update(core_host=0.040, core_n=30, core_dev=20.0, leave_host=0.012, leave_n=30, leave_dev=0.5,
+                   attn_host=0.004, attn_n=10, attn_dev=6.0)
+    rows[1].update(core_host=0.050, core_n=30, core_dev=22.0, attn_host=0.006, attn_n=10, attn_dev=8.0)
     (tmp_path / "steps-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     kinds = step_clock.summarize(step_clock.timed(step_clock.load([tmp_path])))
     mixed = kinds["with prompt"]
     assert mixed["core host"]["median"] == pytest.approx(45.0) and mixed["core dev"]["mean"] == pytest.approx(21.0)
     assert mixed["leave host"]["median"] == pytest.approx(12.0)          # one step had it
-    assert "spec host" not in mixed and "build dev" not in mixed
+    assert mixed["attn dev"]["median"] == pytest.approx(7.0) and mixed["attn host"]["mean"] == pytest.approx(5.0)
+    assert "spec host" not in mixed and "build dev" not in mixed and "draft_attn host" not in mixed
     assert step_clock.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "layer clock" in out and "core host" in out and "leave dev" in out
+    assert "layer clock" in out and "core host" in out and "leave dev" in out and "attn dev" in out
 
 
 def test_the_fit_of_steps_with_prompt_tokens(tmp_path, capsys):
@@ -80,12 +82,16 @@ def test_the_fit_of_steps_with_prompt_tokens(tmp_path, capsys):
         prompt, dec, new = 20 + 37 * i, 60 + (i * 7) % 50, i % 4
         launch = (40 + 1.5 * prompt / 100 + 0.2 * dec + 1.0 * new) / 1e3
         r = _row(t, 0.005, launch, 0.004, prompt, decodes=dec)
-        r["new_reqs"] = new
+        r.update(new_reqs=new, leave_host=(3 + 0.5 * dec) / 1e3, leave_dev=0.1 * dec)    # host s, device ms
         rows.append(r)
         t += 0.2
     (tmp_path / "steps-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     f = step_clock.fit(step_clock.timed(step_clock.load([tmp_path])), "launch")
     assert [round(f[k], 6) for k in step_clock.FIT_TERMS] == [40.0, 1.5, 0.2, 1.0] and f["rms"] < 1e-6
     assert step_clock.fit(step_clock.timed(rows[:4]), "launch") is None
-    assert step_clock.main([str(tmp_path), "--fit"]) == 0
+    assert step_clock.main([str(tmp_path), "--fit", "--json", str(tmp_path / "s.json")]) == 0
     assert "const 40.00" in capsys.readouterr().out
+    fits = json.loads((tmp_path / "s.json").read_text())["fit"]      # and every layer-clock column the rows have
+    assert set(fits) == {"interval", "launch", "leave host", "leave dev"}
+    assert fits["leave host"]["const"] == pytest.approx(3.0) and fits["leave host"]["per decoding request"] == \
+        pytest.approx(0.5) and fits["leave dev"]["per decoding request"] == pytest.approx(0.1)

@@ -144,6 +144,9 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
         assert all(x["core_n"] == 3 for x in mine) and spec
         assert all(x["spec_n"] == 3 and 0 < x["spec host"] < x["core host"] for x in spec)
         assert any("leave_n" in x for x in mine) == (s["config"]["strategy"] == "treewy"), s["point_id"]
+        # and the full-attention layer (one in the tiny model) in every step, the drafter's in sample_tokens
+        assert all(x["attn_n"] == 1 and x["attn host"] > 0 for x in mine)
+        assert any(x.get("draft_attn_n", 0) >= 1 for x in spec)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two tensor-parallel CPU workers need two cores")

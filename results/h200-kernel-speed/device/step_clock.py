@@ -15,7 +15,7 @@ Per step (milliseconds):
 With the layer clock (``COMMITBENCH_STEPCLOCK_LAYERS=1``), per step and summed over the GDN layers, the host and
 device milliseconds of the layer's core (``core``), the plugin's commit of rows leaving the speculative path
 (``leave``), the speculative kernel (``spec``) and the plugin's part of the metadata builds (``build``, host only),
-in a second table. A part whose host time exceeds its device time is paced by the host.
+and of the full-attention layers' kernels (``attn``; the drafter's: ``draft_attn``), in a second table. A part whose host time exceeds its device time is paced by the host.
 
 A step whose ``wait`` is near zero and whose ``launch`` is most of its ``interval`` is host-bound: more host work
 per layer makes it longer one for one. ``--point`` keeps the steps of one point's measured run
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 PARTS = ("interval", "wait", "launch", "sample")
-LAYER_PARTS = ("core", "leave", "spec", "build")
+LAYER_PARTS = ("core", "leave", "spec", "build", "attn", "draft_attn")
 LAYER_COLUMNS = tuple(f"{p} {side}" for p in LAYER_PARTS for side in ("host", "dev"))
 
 
@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", type=Path, help="the clock's folder or its steps-*.jsonl files")
     ap.add_argument("--point", type=Path, help="a point's summary.json: only the steps of its measured run")
     ap.add_argument("--json", type=Path, help="also write the summary here")
-    ap.add_argument("--fit", action="store_true", help="also fit the steps with prompt tokens' interval and launch "
-                    "against their size (fit())")
+    ap.add_argument("--fit", action="store_true", help="also fit the steps with prompt tokens' interval, launch "
+                    "and layer-clock columns against their size (fit())")
     args = ap.parse_args(argv)
     try:
         steps = timed(load(args.paths))
@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"no step of the clock falls in {args.point}'s run: another server's point?")
         summary = summarize(steps)
         if args.fit:
-            summary["fit"] = {part: fit(steps, part) for part in ("interval", "launch")}
+            layer = [c for c in LAYER_COLUMNS if any(c in s for s in steps)]
+            summary["fit"] = {part: fit(steps, part) for part in ("interval", "launch", *layer)}
     except (OSError, ValueError) as e:
         print(f"step_clock: {e}", file=sys.stderr)
         return 2
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {kind:12s} {r['steps']:6d} {r['decode_reqs']:8.1f} {r['prompt_tokens']:7.0f} {cells}")
     layer = [c for c in LAYER_COLUMNS if any(c in r for r in kinds.values())]
     if layer:
-        print("summed over the GDN layers per step (layer clock); ms, median (mean)")
+        print("summed per step over the layers (layer clock: attn and draft_attn over the attention layers, the "
+              "rest over the GDN layers); ms, median (mean)")
         print(f"  {'kind':12s} " + " ".join(f"{c:>16s}" for c in layer))
         for kind, r in kinds.items():
             cells = " ".join(f"{'-':>16s}" if r.get(c) is None else f"{r[c]['median']:7.2f} ({r[c]['mean']:6.2f})"

