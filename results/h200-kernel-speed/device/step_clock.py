@@ -14,8 +14,9 @@ Per step (milliseconds):
 
 With the layer clock (``COMMITBENCH_STEPCLOCK_LAYERS=1``), per step and summed over the GDN layers, the host and
 device milliseconds of the layer's core (``core``), the plugin's commit of rows leaving the speculative path
-(``leave``), the speculative kernel (``spec``) and the plugin's part of the metadata builds (``build``, host only),
-and of the full-attention layers' kernels (``attn``; the drafter's: ``draft_attn``), in a second table. A part whose host time exceeds its device time is paced by the host.
+(``leave``), the speculative kernel (``spec``), vLLM's own conv1d, gating and chunked-prefill kernels inside the
+core (``conv``, ``prep``, ``chunk``; CUDA), the plugin's part of the metadata builds (``build``, host only), and of
+the full-attention layers' kernels (``attn``; the drafter's: ``draft_attn``), in a second table. A part whose host time exceeds its device time is paced by the host.
 
 A step whose ``wait`` is near zero and whose ``launch`` is most of its ``interval`` is host-bound: more host work
 per layer makes it longer one for one. ``--point`` keeps the steps of one point's measured run
@@ -31,7 +32,7 @@ import sys
 from pathlib import Path
 
 PARTS = ("interval", "wait", "launch", "sample")
-LAYER_PARTS = ("core", "leave", "spec", "build", "attn", "draft_attn")
+LAYER_PARTS = ("core", "leave", "spec", "conv", "prep", "chunk", "build", "attn", "draft_attn")
 LAYER_COLUMNS = tuple(f"{p} {side}" for p in LAYER_PARTS for side in ("host", "dev"))
 
 

