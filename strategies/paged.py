@@ -212,7 +212,8 @@ class PagedCommit:
              k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
              dt_bias: torch.Tensor, state_indices: torch.Tensor, num_accepted: torch.Tensor,
              cu_seqlens: torch.Tensor, scale: float | None = None, out: torch.Tensor | None = None,
-             probe: torch.Tensor | None = None) -> torch.Tensor:
+             probe: torch.Tensor | None = None, commit_indices: torch.Tensor | None = None,
+             commit_accepted: torch.Tensor | None = None) -> torch.Tensor:
         """Commit each row's last verify, then verify its new tokens; returns the outputs ``out``.
 
         pool ``[P, HV, V, K]`` (vLLM's V-major pages, any strides), stash ``[P, S, W]``, header ``[P, 4]``;
@@ -221,8 +222,14 @@ class PagedCommit:
         per row, column 0; ``<= 0``: a padded row, skipped), num_accepted ``[n]`` (the engine's count,
         root included), cu_seqlens ``[n + 1]`` token offsets (a device tensor). out ``[T, HV, V]``
         (default: q's dtype); the outputs of skipped rows are left as they were. probe ``[n, HV, K, V]``
-        float32, optional: each row's committed state (the one its new tokens were verified from)."""
+        float32, optional: each row's committed state (the one its new tokens were verified from).
+        commit_indices ``[m]`` and commit_accepted ``[m]``, optional: further rows that only commit, as
+        :meth:`commit` does, in the same launches (an engine's rows leaving the speculative path this step;
+        their pages must be none of the verify rows')."""
         scale = self.layout.key_head_dim ** -0.5 if scale is None else float(scale)
+        if (commit_indices is None) != (commit_accepted is None):
+            raise ValueError("commit_indices and commit_accepted: give both (the rows that only commit and their "
+                             "accepted counts) or neither")
         if out is None:
             out = q.new_empty(q.shape[0], v.shape[1], v.shape[2])
         if self.uses_triton(pool.device):
@@ -231,8 +238,10 @@ class PagedCommit:
             self.resolve(pool.device)
             kernels.paged_ops().step(self.layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias,
                                      state_indices, num_accepted, cu_seqlens, scale, out, probe, self.block_v,
-                                     self.num_warps, self.algo)
+                                     self.num_warps, self.algo, commit_indices, commit_accepted)
             return out
+        if commit_indices is not None:
+            self._torch_commit(pool, stash, header, commit_indices, commit_accepted)
         self._torch_step(pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted,
                          cu_seqlens, scale, out, probe)
         return out

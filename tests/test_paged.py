@@ -127,7 +127,7 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
         op.commit(pg.pool, pg.stash, pg.header, pages, n_acc)                   # before prefill: clears the header
         pg.pool[pages.long()] = prefilled.to(pg.pool.dtype)                    # what prefill writes
     flushes0 = ref_pages.header[pages.long(), 2].clone()
-    worst, seen = 0.0, {"accepted": set(), "lens": set(), "padded": 0, "commit_only": 0}
+    worst, seen = 0.0, {"accepted": set(), "lens": set(), "padded": 0, "commit_only": 0, "mixed": 0}
     for step in range(steps):
         if step % commit_every == commit_every - 1:
             # the rows leave the speculative path: commit-only, then one token of vLLM's own recurrence
@@ -147,16 +147,27 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
         if step % 5 == 2:
             idx[(step + 2) % R] = 0                                              # a padded row (NULL block)
             seen["padded"] += 1
+        leaving = None
+        if step % 3 == 1 and lens[(step + 1) % R] > 0 and idx[(step + 1) % R] > 0:
+            # a row leaves the speculative path this step: it only commits, in the same launches as the others
+            leaving = (step + 1) % R
+            idx[leaving] = 0
+            seen["mixed"] += 1
         x = {key: t.to(device) for key, t in vllm_step(gen, lens.tolist(), shape).items()}
         T = x["q"].shape[0]
         res = []
         for pg, op in ((ref_pages, ref), (tri_pages, tri)):
             out = torch.zeros(T, HV_, V_, device=device, dtype=pg.pool.dtype)
             probe = torch.zeros(R, HV_, K_, V_, device=device, dtype=pg.pool.dtype)
+            commit = {} if leaving is None else {"commit_indices": pages[leaving:leaving + 1],
+                                                  "commit_accepted": n_acc[leaving:leaving + 1]}
             op.step(pg.pool, pg.stash, pg.header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"],
                     idx.to(device)[:, None].expand(R, N).contiguous(), n_acc, x["cu_seqlens"], out=out,
-                    probe=probe)
+                    probe=probe, **commit)
             res.append((out, probe))
+        if leaving is not None:
+            left = pages[leaving].long()
+            worst = max(worst, rel_err(tri_pages.pool[left], ref_pages.pool[left]))
         cu = x["cu_seqlens"].tolist()
         lens, idx = lens.tolist(), idx.tolist()
         for r in range(R):
@@ -182,13 +193,14 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
 def test_triton_op_equals_the_torch_reference(strategy, num_spec):
     """20 steps, 3 rows, two key heads of two value heads each, two value tiles, on vLLM's strided page
     views: every accepted count 1..k+1, rows of 1..k+1 tokens and of none,
-    padded rows, commit-only steps; the deferred rings (8 tokens) fill and flush at their edge. Outputs and
+    padded rows, commit-only steps, steps whose launches also commit a row leaving the speculative path; the deferred rings (8 tokens) fill and flush at their edge. Outputs and
     committed states within 1e-5 (fp32 state, bf16 inputs) and identical headers at every step."""
     worst, header, seen = _run_pair(strategy, num_spec, steps=20, shape=(2, 4, 16, 16), R=3, buffer_len=8,
                                     block_v=8)
     print(f"{strategy} k={num_spec}: worst rel. err {worst:.1e}; {seen}")
     assert worst <= 1e-5
     assert seen["accepted"] == set(range(1, num_spec + 2)) and seen["lens"] == set(range(1, num_spec + 2))
+    assert seen["mixed"] >= 3                                      # steps whose launches also committed a row
     if strategy != "treewy":
         assert sum(seen["flushes"]) >= 4                           # flushes happened, identically in both
 
@@ -366,6 +378,33 @@ def test_the_plugin_finds_the_non_speculative_rows_accepted_counts():
     assert builder._commitbench_num_accepted is buf
 
 
+def test_the_plugin_commits_leaving_rows_in_the_op_s_launches_or_stops():
+    """Rows leaving the speculative path in a step that has speculative rows are handed to the op (committed
+    in its launches, before vLLM's core reads their pages); a core that never ran the op stops the run
+    rather than reading uncommitted pages. Without speculative rows they are committed at once."""
+    from types import SimpleNamespace
+
+    from harness.engines.vllm.plugin import _check_committed, _leave_spec_path
+
+    committed = []
+    paged = SimpleNamespace(commit=lambda pool, stash, header, idx, acc: committed.append((idx, acc)))
+    st = SimpleNamespace(paged=paged, pending_commit=None, name="treewy", caches=lambda: [None, None, None, None])
+    layer = SimpleNamespace(_commitbench=st, prefix="model.layers.0.linear_attn")
+    idx = torch.tensor([7, 8], dtype=torch.int32)
+    meta = SimpleNamespace(num_prefills=1, num_decodes=1, non_spec_state_indices_tensor=idx,
+                           spec_sequence_masks=torch.tensor([True, False, False]),
+                           commitbench_num_accepted=torch.tensor([2, 1], dtype=torch.int32))
+    _leave_spec_path(layer, "treewy", 16, meta, None)
+    assert committed == [] and st.pending_commit[0] is idx and st.pending_commit[1].tolist() == [2, 1]
+    with pytest.raises(RuntimeError, match="did not run the speculative kernel"):
+        _check_committed(layer)
+    assert st.pending_commit is None
+    meta.spec_sequence_masks = None                       # no speculative rows this step: committed at once
+    _leave_spec_path(layer, "treewy", 16, meta, None)
+    assert len(committed) == 1 and committed[0][0] is idx and st.pending_commit is None
+    _check_committed(layer)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
 def test_the_plugins_per_step_work_never_syncs_with_the_host():
     """Everything the plugin adds to a step (the metadata patch's counts and indices, the op's step and
@@ -392,6 +431,9 @@ def test_the_plugins_per_step_work_never_syncs_with_the_host():
             torch.tensor([[1] * 4, [2] * 4, [3] * 4], dtype=torch.int32, device=dev), accepted[:3],
             x["cu_seqlens"])                                              # compile outside the check
     op.commit(pool, stash, header, meta.non_spec_state_indices_tensor, accepted[:1])
+    op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"],
+            torch.tensor([[1] * 4, [2] * 4, [3] * 4], dtype=torch.int32, device=dev), accepted[:3],
+            x["cu_seqlens"], commit_indices=meta.non_spec_state_indices_tensor, commit_accepted=accepted[:1])
     one_page = torch.tensor([[1], [2], [3]], dtype=torch.int32, device=dev)   # (a list -> CUDA copy syncs)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -401,6 +443,9 @@ def test_the_plugins_per_step_work_never_syncs_with_the_host():
         op.commit(pool, stash, header, meta.non_spec_state_indices_tensor, counts)
         op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], idx,
                 accepted[:3], x["cu_seqlens"])
+        op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], idx,
+                accepted[:3], x["cu_seqlens"], commit_indices=meta.non_spec_state_indices_tensor,
+                commit_accepted=counts)                         # a mixed step: the leaving rows in the same launches
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert counts.tolist() == [1]

@@ -87,10 +87,14 @@ def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout
 
 def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
          scale: float, out: torch.Tensor, probe: torch.Tensor | None = None, block_v: int = 32,
-         num_warps: int = 4, algo: str = "recurrence") -> None:
-    """See :meth:`strategies.paged.PagedCommit.step` (same arguments); writes ``out`` and the pages."""
+         num_warps: int = 4, algo: str = "recurrence", commit_indices: torch.Tensor | None = None,
+         commit_accepted: torch.Tensor | None = None) -> None:
+    """See :meth:`strategies.paged.PagedCommit.step` (same arguments); writes ``out`` and the pages. The rows
+    ``commit_indices`` (with ``commit_accepted``) only commit, in the same two launches."""
     n = cu_seqlens.shape[0] - 1
     if n <= 0:
+        if commit_indices is not None:
+            commit(layout, pool, stash, header, commit_indices, commit_accepted, block_v, num_warps, algo)
         return
     c, fc = _plan(layout, pool, stash, header, block_v, algo)
     if probe is not None and not (probe.is_contiguous() and probe.dtype == torch.float32
@@ -101,41 +105,49 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and a.is_contiguous()
             and b.is_contiguous()):   # vLLM's are
         q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
-    s_idx = state_indices.stride(0)
-    grid = (n * c["HV"], -(-c["V"] // c["BV"]))
+    if commit_indices is None:     # none to commit: any tensors stand in (rows past n_verify do not exist)
+        commit_indices, commit_accepted = state_indices, num_accepted
+        m = 0
+    else:
+        m = commit_indices.shape[0]
+    _launch(layout, c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, commit_indices,
+            commit_accepted, n, m, (q, k, v, a, b, A_log, dt_bias, out), probe, scale, num_warps, algo)
+
+
+def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4,
+           algo: str = "recurrence") -> None:
+    """See :meth:`strategies.paged.PagedCommit.commit`: the step's two launches with no verify rows."""
+    m = state_indices.shape[0]
+    if m <= 0:
+        return
+    c, fc = _plan(layout, pool, stash, header, block_v, algo)
+    # No tokens: the verify rows' arguments are never read; any tensor stands in for them.
+    dummy = num_accepted
+    _launch(layout, c, fc, pool, stash, header, dummy, dummy, dummy, state_indices, num_accepted, 0, m,
+            (dummy,) * 7 + (pool,), None, 1.0, num_warps, algo)
+
+
+def _launch(layout, c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, cidx, cnacc, n, m, tokens,
+            probe, scale, num_warps, algo) -> None:
+    """``paged_step`` (Gluon's with ``algo="gluon"``) then ``paged_finish`` over n verify rows and m commit rows.
+    ``tokens``: q, k, v, a, b, A_log, dt_bias, out."""
+    q, k, v, a, b, A_log, dt_bias, out = tokens
+    s_idx = state_indices.stride(0) if state_indices.dim() else 0
+    grid = ((n + m) * c["HV"], -(-c["V"] // c["BV"]))
     args = (pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
-            num_accepted, cu_seqlens, q, k, v, a, b, A_log, dt_bias, out, probe if probe is not None else out, scale)
+            num_accepted, cu_seqlens, cidx, cnacc, n, q, k, v, a, b, A_log, dt_bias, out,
+            probe if probe is not None else out, scale)
     if algo == "gluon":
         if pool.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             raise ValueError("algo='gluon' runs on a CUDA device only (Gluon has no interpreter): use 'recurrence' "
                              "(COMMITBENCH_PAGED_ALGO) on CPU")
         from . import paged_gluon
 
-        LAUNCHED["paged_step"] = paged_gluon.paged_step[grid](*args, PROBE=probe is not None, NW=num_warps,
-                                                              num_warps=num_warps, **c)
+        kernel = paged_gluon.paged_step[grid](*args, PROBE=probe is not None, NW=num_warps, num_warps=num_warps, **c)
     else:
-        LAUNCHED["paged_step"] = pk.paged_step[grid](*args, COMMIT_ONLY=False, PROBE=probe is not None,
-                                                     num_warps=num_warps, **c)
-    LAUNCHED["paged_finish"] = pk.paged_finish[(n,)](
-        stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens,
-        k, a, A_log, dt_bias, COMMIT_ONLY=False, num_warps=4, **fc)
-
-
-def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4,
-           algo: str = "recurrence") -> None:
-    """See :meth:`strategies.paged.PagedCommit.commit`."""
-    n = state_indices.shape[0]
-    if n <= 0:
-        return
-    c, fc = _plan(layout, pool, stash, header, block_v, algo)
-    s_idx = state_indices.stride(0)
-    grid = (n * c["HV"], -(-c["V"] // c["BV"]))
-    # No tokens: the token arguments are never read; any tensor stands in for them.
-    dummy = num_accepted
-    pk.paged_step[grid](
-        pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
-        num_accepted, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, pool, pool, 1.0,
-        COMMIT_ONLY=True, PROBE=False, num_warps=num_warps, **c)
-    pk.paged_finish[(n,)](
-        stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, dummy,
-        dummy, dummy, dummy, dummy, COMMIT_ONLY=True, num_warps=4, **fc)
+        kernel = pk.paged_step[grid](*args, PROBE=probe is not None, num_warps=num_warps, **c)
+    finish = pk.paged_finish[(n + m,)](
+        stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens, cidx,
+        cnacc, n, k, a, A_log, dt_bias, num_warps=4, **fc)
+    if n:       # resources() reports the verify step's kernels, not a commit's variant
+        LAUNCHED["paged_step"], LAUNCHED["paged_finish"] = kernel, finish

@@ -21,9 +21,20 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: gl.constexpr, L: gl.constexpr, STRAT: gl.constexpr):
-    """:func:`.paged_kernels._plan` of a verify step (not commit-only), scalar for scalar."""
-    page = gl.load(idx + b * s_idx).to(gl.int64)
+def _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr, b, N: gl.constexpr, L: gl.constexpr,
+          STRAT: gl.constexpr):
+    """:func:`.paged_kernels._plan`, scalar for scalar (rows from ``n_verify`` on only commit)."""
+    commit = b >= n_verify
+    if commit:
+        page = gl.load(cidx + (b - n_verify)).to(gl.int64)
+        acc = gl.load(cnacc + (b - n_verify)).to(gl.int32)
+        bos = (b * 0).to(gl.int64)
+        n = (b * 0).to(gl.int32)
+    else:
+        page = gl.load(idx + b * s_idx).to(gl.int64)
+        acc = gl.load(nacc + b).to(gl.int32)
+        bos = gl.load(cu + b).to(gl.int64)
+        n = gl.minimum(gl.load(cu + b + 1) - gl.load(cu + b), N).to(gl.int32)
     live = page > 0
     hdr = header + page * s_hdr
     staged = gl.minimum(gl.maximum(gl.load(hdr, mask=live, other=0), 0), N)
@@ -31,26 +42,24 @@ def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: gl.constexpr, L: gl.constex
         length = staged * 0
     else:
         length = gl.minimum(gl.maximum(gl.load(hdr + 1, mask=live, other=0), 0), L - N)
-    cnt = gl.where(staged > 0, gl.minimum(gl.maximum(gl.load(nacc + b), 1), staged), 0)
-    bos = gl.load(cu + b).to(gl.int64)
-    n = gl.minimum(gl.load(cu + b + 1) - gl.load(cu + b), N)
+    cnt = gl.where(staged > 0, gl.minimum(gl.maximum(acc, 1), staged), 0)
     if STRAT == 0:
         flush = cnt < 0
         new_len = length
     else:
-        flush = length + cnt + N > L
+        flush = commit | (length + cnt + N > L)
         new_len = gl.where(flush, 0, length + cnt)
     return page, bos, n, length, cnt, flush, new_len
 
 
-@gluon.jit
-def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu,
+@gluon.jit(do_not_specialize=["n_verify"], do_not_specialize_on_alignment=["cidx", "cnacc"])
+def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, cnacc, n_verify,
                q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                BK: gl.constexpr, BV: gl.constexpr, N: gl.constexpr, L: gl.constexpr,
                STRAT: gl.constexpr, PROBE: gl.constexpr, NW: gl.constexpr):
     """Commit + verify for program (row b · HV + value head, value tile): the arguments and the semantics of
-    :func:`.paged_kernels.paged_step` with ``COMMIT_ONLY=False``; ``NW``: the launch's warps."""
+    :func:`.paged_kernels.paged_step` (rows from ``n_verify`` on only commit); ``NW``: the launch's warps."""
     LH: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])     # the [BV, BK] state tile
     LK: gl.constexpr = gl.SliceLayout(0, LH)                                # vectors along K (keys, queries)
     LV: gl.constexpr = gl.SliceLayout(1, LH)                                # vectors along V (values, outputs)
@@ -59,10 +68,11 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     b = i_bh // HV
     hv = i_bh % HV
     hk = hv // (HV // H)
-    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT)
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr,
+                                                      b, N, L, STRAT)
     if page <= 0:
         return
-    if n <= 0:
+    if (n <= 0) & (b < n_verify):     # a verify row without tokens
         return
     W: gl.constexpr = HV * V + H * K + HV
     OKEY: gl.constexpr = HV * V
@@ -106,6 +116,8 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
         write = flush & (length + cnt > 0)
     if write:
         gl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
+    if b >= n_verify:     # a commit-only row: done (the probe has the verify rows only)
+        return
     if PROBE:
         gl.store(probe + ((b.to(gl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
     # -- verify the new tokens from the committed state -----------------------------------------------

@@ -19,6 +19,9 @@ program writes is its own (its state tile, its u columns), so no program reads w
 :func:`paged_finish` (one program per row) then writes what the row's programs share: the new
 tokens' keys and decays, the deferred strategies' accepted path into the ring, and the header. Both
 derive the row's plan (:func:`_plan`) from the header the same way, so they agree without talking.
+The rows after the first ``n_verify`` only commit (an engine's rows leaving the speculative path: decodes
+without drafts, prefill chunks), so a step that has both costs the host two launches, not four; a commit alone
+is the same two launches with ``n_verify = 0``.
 No host sync, no data-dependent shape: the step can be captured in a CUDA graph.
 """
 
@@ -31,15 +34,29 @@ TREEWY, REPLAY, TREEWY_DEFERRED = 0, 1, 2
 
 
 @triton.jit
-def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: tl.constexpr, L: tl.constexpr, STRAT: tl.constexpr,
-          COMMIT_ONLY: tl.constexpr):
+def _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr, b, N: tl.constexpr, L: tl.constexpr,
+          STRAT: tl.constexpr):
     """Row b's page, tokens and what this step does with them (every program of the row computes the same).
 
-    ``cnt``: tokens of the last verify to commit (vLLM's num_accepted, clamped to what is staged; 0 when
-    nothing is staged: the page is already the committed state). Deferred strategies: ``length`` tokens
-    are buffered after the checkpoint; ``flush``: the checkpoint is rewritten now (the next N tokens
-    would not fit behind ``length + cnt``, or a commit-only step), leaving ``new_len`` buffered."""
-    page = tl.load(idx + b * s_idx).to(tl.int64)
+    Rows ``b < n_verify`` verify: page ``idx[b]``, tokens ``[cu[b], cu[b + 1])``, count ``nacc[b]``. The rows
+    after them only commit (rows leaving the speculative path, :meth:`strategies.paged.PagedCommit.commit`):
+    page ``cidx[b - n_verify]``, count ``cnacc[b - n_verify]``, no tokens. ``cnt``: tokens of the last verify to
+    commit (the engine's num_accepted, clamped to what is staged; 0 when nothing is staged: the page is already
+    the committed state). Deferred strategies: ``length`` tokens are buffered after the checkpoint; ``flush``:
+    the checkpoint is rewritten now (the next N tokens would not fit behind ``length + cnt``, or a commit-only
+    row), leaving ``new_len`` buffered. ``commit``: the row only commits."""
+    commit = b >= n_verify
+    if commit:
+        page = tl.load(cidx + (b - n_verify)).to(tl.int64)
+        acc = tl.load(cnacc + (b - n_verify)).to(tl.int32)
+        bos = (b * 0).to(tl.int64)
+        n = (b * 0).to(tl.int32)
+    else:
+        page = tl.load(idx + b * s_idx).to(tl.int64)
+        acc = tl.load(nacc + b).to(tl.int32)
+        bos = tl.load(cu + b).to(tl.int64)
+        # A step holds at most N tokens per row (the stash has N slots); more would overrun the page.
+        n = tl.minimum(tl.load(cu + b + 1) - tl.load(cu + b), N).to(tl.int32)
     live = page > 0
     hdr = header + page * s_hdr
     staged = tl.minimum(tl.maximum(tl.load(hdr, mask=live, other=0), 0), N)
@@ -47,22 +64,12 @@ def _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N: tl.constexpr, L: tl.constex
         length = staged * 0
     else:  # clamped: a page that never ran this strategy may hold anything
         length = tl.minimum(tl.maximum(tl.load(hdr + 1, mask=live, other=0), 0), L - N)
-    cnt = tl.where(staged > 0, tl.minimum(tl.maximum(tl.load(nacc + b), 1), staged), 0)
-    if COMMIT_ONLY:
-        bos = (b * 0).to(tl.int64)
-        n = b * 0
-    else:
-        bos = tl.load(cu + b).to(tl.int64)
-        # A step holds at most N tokens per row (the stash has N slots); more would overrun the page.
-        n = tl.minimum(tl.load(cu + b + 1) - tl.load(cu + b), N)
+    cnt = tl.where(staged > 0, tl.minimum(tl.maximum(acc, 1), staged), 0)
     if STRAT == 0:
         flush = cnt < 0
         new_len = length
     else:
-        if COMMIT_ONLY:
-            flush = cnt >= 0
-        else:
-            flush = length + cnt + N > L
+        flush = commit | (length + cnt + N > L)
         new_len = tl.where(flush, 0, length + cnt)
     return page, bos, n, length, cnt, flush, new_len
 
@@ -107,14 +114,17 @@ def _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K: tl.constexp
     return h
 
 
-@triton.jit
-def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu,
+@triton.jit(do_not_specialize=["n_verify"], do_not_specialize_on_alignment=["cidx", "cnacc"])
+def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, cnacc, n_verify,
                q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-               STRAT: tl.constexpr, COMMIT_ONLY: tl.constexpr, PROBE: tl.constexpr):
+               STRAT: tl.constexpr, PROBE: tl.constexpr):
     """Commit + verify for program (row b · HV + value head, value tile); see the module docstring. The
     verify is the gated delta rule token by token on the state tile in registers (never written back).
+    Rows from ``n_verify`` on only commit (:func:`_plan`). Neither ``n_verify`` nor the commit rows' tensors'
+    alignment is specialised on: they change from step to step (how many rows speculate, which slice of vLLM's
+    index buffer leaves), and a compile in the middle of a measured run would stall it.
 
     q, k ``[T, H, K]`` and v ``[T, HV, V]`` raw (bf16), a, bg ``[T, HV]`` (the gates' inputs), A_log and
     dt_bias ``[HV]``: ``g = -e^{A_log} softplus(a + dt_bias)``, ``β = sigmoid(bg)``. out ``[T, HV, V]``
@@ -124,13 +134,12 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     b = i_bh // HV
     hv = i_bh % HV
     hk = hv // (HV // H)
-    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT,
-                                                            COMMIT_ONLY)
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr,
+                                                      b, N, L, STRAT)
     if page <= 0:
         return
-    if not COMMIT_ONLY:   # (a constexpr and a tensor cannot share one condition)
-        if n <= 0:
-            return
+    if (n <= 0) & (b < n_verify):     # a verify row without tokens
+        return
     W: tl.constexpr = HV * V + H * K + HV
     OKEY: tl.constexpr = HV * V
     ODEC: tl.constexpr = HV * V + H * K
@@ -150,10 +159,10 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     h = _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K, V, W, OKEY, ODEC, L, STRAT)
     if write:
         tl.store(tile, h.to(pool.dtype.element_ty), mask=m2)
+    if b >= n_verify:     # a commit-only row: done (the probe has the verify rows only)
+        return
     if PROBE:
         tl.store(probe + ((b.to(tl.int64) * HV + hv) * K + ok[None, :]) * V + ov[:, None], h, mask=m2)
-    if COMMIT_ONLY:
-        return
     # -- verify the new tokens from the committed state, in registers (never written back) -----------
     if STRAT == 0:
         base = new_len * 0
@@ -193,21 +202,19 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
         p_u += W
 
 
-@triton.jit
-def paged_finish(stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, k, a, A_log, dt_bias,
+@triton.jit(do_not_specialize=["n_verify"], do_not_specialize_on_alignment=["cidx", "cnacc"])
+def paged_finish(stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, cnacc, n_verify, k, a, A_log, dt_bias,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BH: tl.constexpr,
-                 BK: tl.constexpr, BHV: tl.constexpr, N: tl.constexpr, L: tl.constexpr, STRAT: tl.constexpr,
-                 COMMIT_ONLY: tl.constexpr):
+                 BK: tl.constexpr, BHV: tl.constexpr, N: tl.constexpr, L: tl.constexpr, STRAT: tl.constexpr):
     """After :func:`paged_step`, one program per row: the stash parts a row's programs share (the new
     tokens' keys and decays; treewy_deferred's accepted path into the ring) and the header."""
     b = tl.program_id(0)
-    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, header, s_hdr, b, N, L, STRAT,
-                                                            COMMIT_ONLY)
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr,
+                                                      b, N, L, STRAT)
     if page <= 0:
         return
-    if not COMMIT_ONLY:   # (a constexpr and a tensor cannot share one condition)
-        if n <= 0:
-            return
+    if (n <= 0) & (b < n_verify):     # a verify row without tokens
+        return
     W: tl.constexpr = HV * V + H * K + HV
     OKEY: tl.constexpr = HV * V
     ODEC: tl.constexpr = HV * V + H * K
@@ -218,7 +225,7 @@ def paged_finish(stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, k, a, A_log, 
     m_hk = (oh < H)[:, None] & (ok < K)[None, :]
     m_hv = ohv < HV
     keys = oh[:, None] * K + ok[None, :]
-    if not COMMIT_ONLY:
+    if b < n_verify:
         if STRAT == 2:
             keep = tl.where(flush, 0, cnt)
             for i in tl.static_range(N):      # the accepted path's keys and decays join the ring
