@@ -405,6 +405,41 @@ def test_the_plugin_commits_leaving_rows_in_the_op_s_launches_or_stops():
     _check_committed(layer)
 
 
+def test_a_mixed_step_s_leaving_rows_are_committed_by_the_op(monkeypatch):
+    """The plugin's path through a mixed step (rows leaving the speculative path handed over, then the speculative
+    rows' op) leaves the pages exactly as committing those rows first and then stepping does: the leaving rows'
+    pages committed and their headers cleared, although their last owners left staged tokens behind."""
+    from types import SimpleNamespace
+
+    from harness.engines.vllm import plugin
+
+    monkeypatch.setattr(plugin, "_PATH", {})                # the path line this process's first step notes
+    gen = torch.Generator().manual_seed(3)
+    lay = StashLayout("treewy", 2, 4, 16, 16, num_spec=3)
+    pages = Pages(lay, 8, gen, 16, 16, 4)
+    pages.header[:, 0] = 3                                 # every page has tokens staged by its last owner
+    ref = pages.clone()
+    spec = torch.tensor([[1] * 4, [4] * 4], dtype=torch.int32)
+    leave, leave_acc = torch.tensor([6, 2], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32)
+    acc = torch.tensor([3, 2], dtype=torch.int32)
+    x = vllm_step(gen, [4, 3], shape=(2, 4, 16, 16))
+    args = (x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"])
+    op = PagedCommit(lay, "torch")
+    op.commit(ref.pool, ref.stash, ref.header, leave, leave_acc)
+    want = op.step(ref.pool, ref.stash, ref.header, *args, spec, acc, x["cu_seqlens"])
+    st = SimpleNamespace(paged=PagedCommit(lay, "torch"), pending_commit=None, name="treewy", shadows={},
+                         caches=lambda: [None, pages.pool, pages.stash, pages.header])
+    layer = SimpleNamespace(_commitbench=st, prefix="model.layers.0.linear_attn")
+    meta = SimpleNamespace(num_prefills=1, num_decodes=1, non_spec_state_indices_tensor=leave,
+                           spec_sequence_masks=torch.tensor([True, False, True, False]),
+                           commitbench_num_accepted=leave_acc)
+    plugin._leave_spec_path(layer, "treewy", 16, meta, pages.pool)
+    got = plugin._spec_step(layer, "treewy", 16, pages.pool, *args, spec, acc, x["cu_seqlens"], None, None)
+    plugin._check_committed(layer)
+    assert torch.equal(got, want) and torch.equal(pages.pool, ref.pool) and torch.equal(pages.header, ref.header)
+    assert pages.header[leave.long(), 0].tolist() == [0, 0]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
 def test_the_plugins_per_step_work_never_syncs_with_the_host():
     """Everything the plugin adds to a step (the metadata patch's counts and indices, the op's step and
