@@ -192,9 +192,10 @@ def _run_pair(strategy: str, num_spec: int, steps: int, shape, R: int, buffer_le
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_triton_op_equals_the_torch_reference(strategy, num_spec):
     """20 steps, 3 rows, two key heads of two value heads each, two value tiles, on vLLM's strided page
-    views: every accepted count 1..k+1, rows of 1..k+1 tokens and of none,
-    padded rows, commit-only steps, steps whose launches also commit a row leaving the speculative path; the deferred rings (8 tokens) fill and flush at their edge. Outputs and
-    committed states within 1e-5 (fp32 state, bf16 inputs) and identical headers at every step."""
+    views: every accepted count 1..k+1, rows of 1..k+1 tokens and of none, padded rows, commit-only steps, steps
+    whose launches also commit a row leaving the speculative path; the deferred rings (8 tokens) fill and flush at
+    their edge. Outputs and committed states within 1e-5 (fp32 state, bf16 inputs) and identical headers at every
+    step."""
     worst, header, seen = _run_pair(strategy, num_spec, steps=20, shape=(2, 4, 16, 16), R=3, buffer_len=8,
                                     block_v=8)
     print(f"{strategy} k={num_spec}: worst rel. err {worst:.1e}; {seen}")
@@ -203,6 +204,26 @@ def test_triton_op_equals_the_torch_reference(strategy, num_spec):
     assert seen["mixed"] >= 3                                      # steps whose launches also committed a row
     if strategy != "treewy":
         assert sum(seen["flushes"]) >= 4                           # flushes happened, identically in both
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_commit_reads_a_strided_or_2d_index_as_vllm_lays_it(strategy):
+    """A commit's page index as vLLM may hand it: a column of the block table (row stride > 1) or a 2-D
+    ``[m, C]`` index (column 0), the same pages committed as from a contiguous 1-D index."""
+    gen = torch.Generator().manual_seed(5)
+    lay = StashLayout(strategy, 2, 4, 16, 16, num_spec=3, buffer_len=8)
+    base = Pages(lay, 8, gen, 16, 16, 4)
+    base.header[:, 0], base.header[:, 1] = 3, 2
+    rows, acc = torch.tensor([6, 2, 5], dtype=torch.int32), torch.tensor([2, 1, 4], dtype=torch.int32)
+    want = base.clone()
+    PagedCommit(lay, "torch").commit(want.pool, want.stash, want.header, rows, acc)
+    table = torch.zeros(3, 4, dtype=torch.int32)
+    table[:, 0] = rows
+    for idx in (table[:, 0], table[:, :2]):
+        got = base.clone()
+        PagedCommit(lay, "triton", block_v=8).commit(got.pool, got.stash, got.header, idx, acc)
+        assert rel_err(got.pool, want.pool) <= 1e-6 and torch.equal(got.header, want.header), idx.stride()
 
 
 @needs_triton
@@ -403,6 +424,9 @@ def test_the_plugin_commits_leaving_rows_in_the_op_s_launches_or_stops():
     _leave_spec_path(layer, "treewy", 16, meta, None)
     assert len(committed) == 1 and committed[0][0] is idx and st.pending_commit is None
     _check_committed(layer)
+    st.pending_commit = (idx, idx)                        # left by a step whose core raised before the op
+    _leave_spec_path(layer, "treewy", 16, None, None)     # the next step (decode only): not handed on
+    assert st.pending_commit is None
 
 
 def test_a_mixed_step_s_leaving_rows_are_committed_by_the_op(monkeypatch):

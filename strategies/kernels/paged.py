@@ -133,9 +133,10 @@ def _launch(layout, c, fc, pool, stash, header, state_indices, num_accepted, cu_
     ``tokens``: q, k, v, a, b, A_log, dt_bias, out."""
     q, k, v, a, b, A_log, dt_bias, out = tokens
     s_idx = state_indices.stride(0) if state_indices.dim() else 0
+    s_cidx = cidx.stride(0) if cidx.dim() else 0      # a strided or 2-D index (vLLM's block table column) as is
     grid = ((n + m) * c["HV"], -(-c["V"] // c["BV"]))
     args = (pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
-            num_accepted, cu_seqlens, cidx, cnacc, n, q, k, v, a, b, A_log, dt_bias, out,
+            num_accepted, cu_seqlens, cidx, s_cidx, cnacc, n, q, k, v, a, b, A_log, dt_bias, out,
             probe if probe is not None else out, scale)
     if algo == "gluon":
         if pool.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
@@ -148,6 +149,6 @@ def _launch(layout, c, fc, pool, stash, header, state_indices, num_accepted, cu_
         kernel = pk.paged_step[grid](*args, PROBE=probe is not None, num_warps=num_warps, **c)
     finish = pk.paged_finish[(n + m,)](
         stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens, cidx,
-        cnacc, n, k, a, A_log, dt_bias, num_warps=4, **fc)
+        s_cidx, cnacc, n, k, a, A_log, dt_bias, num_warps=4, **fc)
     if n:       # resources() reports the verify step's kernels, not a commit's variant
         LAUNCHED["paged_step"], LAUNCHED["paged_finish"] = kernel, finish

@@ -21,12 +21,12 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr, b, N: gl.constexpr, L: gl.constexpr,
+def _plan(idx, s_idx, cu, nacc, cidx, s_cidx, cnacc, n_verify, header, s_hdr, b, N: gl.constexpr, L: gl.constexpr,
           STRAT: gl.constexpr):
     """:func:`.paged_kernels._plan`, scalar for scalar (rows from ``n_verify`` on only commit)."""
     commit = b >= n_verify
     if commit:
-        page = gl.load(cidx + (b - n_verify)).to(gl.int64)
+        page = gl.load(cidx + (b - n_verify) * s_cidx).to(gl.int64)
         acc = gl.load(cnacc + (b - n_verify)).to(gl.int32)
         bos = (b * 0).to(gl.int64)
         n = (b * 0).to(gl.int32)
@@ -53,8 +53,8 @@ def _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr, b, N: gl.c
 
 
 @gluon.jit(do_not_specialize=["n_verify"], do_not_specialize_on_alignment=["cidx", "cnacc"])
-def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, cnacc, n_verify,
-               q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
+def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, s_cidx, cnacc,
+               n_verify, q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                BK: gl.constexpr, BV: gl.constexpr, N: gl.constexpr, L: gl.constexpr,
                STRAT: gl.constexpr, PROBE: gl.constexpr, NW: gl.constexpr):
@@ -68,8 +68,8 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     b = i_bh // HV
     hv = i_bh % HV
     hk = hv // (HV // H)
-    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr,
-                                                      b, N, L, STRAT)
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, s_cidx, cnacc, n_verify, header,
+                                                      s_hdr, b, N, L, STRAT)
     if page <= 0:
         return
     if (n <= 0) & (b < n_verify):     # a verify row without tokens

