@@ -110,8 +110,8 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
         m = 0
     else:
         m = commit_indices.shape[0]
-    _launch(layout, c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, commit_indices,
-            commit_accepted, n, m, (q, k, v, a, b, A_log, dt_bias, out), probe, scale, num_warps, algo)
+    _launch(c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, commit_indices, commit_accepted,
+            n, m, (q, k, v, a, b, A_log, dt_bias, out), probe, scale, num_warps, algo)
 
 
 def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4,
@@ -123,14 +123,14 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
     c, fc = _plan(layout, pool, stash, header, block_v, algo)
     # No tokens: the verify rows' arguments are never read; any tensor stands in for them.
     dummy = num_accepted
-    _launch(layout, c, fc, pool, stash, header, dummy, dummy, dummy, state_indices, num_accepted, 0, m,
+    _launch(c, fc, pool, stash, header, dummy, dummy, dummy, state_indices, num_accepted, 0, m,
             (dummy,) * 7 + (pool,), None, 1.0, num_warps, algo)
 
 
-def _launch(layout, c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, cidx, cnacc, n, m, tokens,
-            probe, scale, num_warps, algo) -> None:
-    """``paged_step`` (Gluon's with ``algo="gluon"``) then ``paged_finish`` over n verify rows and m commit rows.
-    ``tokens``: q, k, v, a, b, A_log, dt_bias, out."""
+def _launch(c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, cidx, cnacc, n, m, tokens, probe,
+            scale, num_warps, algo) -> None:
+    """``paged_step`` (Gluon's with ``algo="gluon"``) then ``paged_finish`` over n verify rows and m commit rows;
+    ``c``, ``fc``: their constants (:func:`_plan`), ``tokens``: q, k, v, a, b, A_log, dt_bias, out."""
     q, k, v, a, b, A_log, dt_bias, out = tokens
     s_idx = state_indices.stride(0) if state_indices.dim() else 0
     s_cidx = cidx.stride(0) if cidx.dim() else 0      # a strided or 2-D index (vLLM's block table column) as is

@@ -422,10 +422,10 @@ def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, sta
     if probe is not None:
         committed = pool.new_empty(cu_seqlens.shape[0] - 1, pool.shape[1], pool.shape[3], pool.shape[2],
                                    dtype=torch.float32)
-    leaving, st.pending_commit = st.pending_commit, None
+    leaving, leaving_acc = st.pending_commit or (None, None)
+    st.pending_commit = None
     st.paged.step(pool, kv[2], kv[3], q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
-                  scale, out=out, probe=committed, commit_indices=None if leaving is None else leaving[0],
-                  commit_accepted=None if leaving is None else leaving[1])
+                  scale, out=out, probe=committed, commit_indices=leaving, commit_accepted=leaving_acc)
     if probe is not None:
         probe.record(layer.prefix, num_accepted[:committed.shape[0]], committed, out)
     return out
@@ -451,11 +451,12 @@ def _leave_spec_path(layer, name, buffer_len, meta, pool) -> None:
     st = _layer_state(layer, name, buffer_len)
     if idx is None or st.paged is None:
         return
+    accepted = _non_spec_accepted(meta, idx)
     if getattr(meta, "spec_sequence_masks", None) is not None:
-        st.pending_commit = (idx, _non_spec_accepted(meta, idx))
+        st.pending_commit = (idx, accepted)
         return
     kv = st.caches()
-    st.paged.commit(pool, kv[2], kv[3], idx, _non_spec_accepted(meta, idx))
+    st.paged.commit(pool, kv[2], kv[3], idx, accepted)
 
 
 def _check_committed(layer) -> None:

@@ -16,7 +16,8 @@ With the layer clock (``COMMITBENCH_STEPCLOCK_LAYERS=1``), per step and summed o
 device milliseconds of the layer's core (``core``), the plugin's commit of rows leaving the speculative path
 (``leave``), the speculative kernel (``spec``), vLLM's own conv1d, gating and chunked-prefill kernels inside the
 core (``conv``, ``prep``, ``chunk``; CUDA), the plugin's part of the metadata builds (``build``, host only), and of
-the full-attention layers' kernels (``attn``; the drafter's: ``draft_attn``), in a second table. A part whose host time exceeds its device time is paced by the host.
+the full-attention layers' kernels (``attn``; the drafter's: ``draft_attn``), in a second table. A part whose host
+time exceeds its device time is paced by the host.
 
 A step whose ``wait`` is near zero and whose ``launch`` is most of its ``interval`` is host-bound: more host work
 per layer makes it longer one for one. ``--point`` keeps the steps of one point's measured run
