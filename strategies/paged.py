@@ -163,20 +163,26 @@ class PagedCommit:
     """Run one strategy's commit + verify over a batch of speculative rows of an engine's pages."""
 
     def __init__(self, layout: StashLayout, backend: str = "auto", block_v: int | None = None,
-                 num_warps: int | None = None, algo: str = "auto"):
+                 num_warps: int | None = None, algo: str = "auto", launch: str = "direct"):
         """``backend``: ``torch`` (the strategies' reference math), ``triton`` (:mod:`strategies.kernels.paged`,
         also on CPU in Triton's interpreter), or ``auto``: Triton where the pages are on a CUDA device and
         Triton is installed. ``block_v``/``num_warps``: the Triton step's value tile and warps (None: the
         algorithm's default, :data:`TILES`); ``algo``: its arithmetic (:data:`ALGOS`: ``recurrence``, token by
         token in Triton; ``gluon``, the same in Gluon with the state tile's layout chosen, CUDA only; ``auto``:
-        :func:`default_algo` of the pages' device, decided at the first call)."""
+        :func:`default_algo` of the pages' device, decided at the first call); ``launch``: how the Triton op's
+        kernels are launched (``direct``: Triton's entry point once per specialisation, then the compiled kernel's
+        launcher; ``jit``: the entry point every call; :data:`strategies.kernels.paged.LAUNCHES`)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)} "
                              f"(the vLLM plugin reads it from COMMITBENCH_KERNELS)")
         if algo not in ALGOS + ("auto",):
             raise ValueError(f"algo={algo!r}: choose one of auto, {', '.join(ALGOS)} "
                              "(the vLLM plugin reads it from COMMITBENCH_PAGED_ALGO)")
+        if launch not in ("direct", "jit"):
+            raise ValueError(f"launch={launch!r}: choose direct or jit (the vLLM plugin reads it from "
+                             "COMMITBENCH_PAGED_LAUNCH)")
         self.layout = layout
+        self.launch = launch
         self.backend = backend
         self.strategy = layout.strategy_obj
         self._tiles = (block_v, num_warps)
@@ -238,7 +244,7 @@ class PagedCommit:
             self.resolve(pool.device)
             kernels.paged_ops().step(self.layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias,
                                      state_indices, num_accepted, cu_seqlens, scale, out, probe, self.block_v,
-                                     self.num_warps, self.algo, commit_indices, commit_accepted)
+                                     self.num_warps, self.algo, commit_indices, commit_accepted, self.launch)
             return out
         if commit_indices is not None:
             self._torch_commit(pool, stash, header, commit_indices, commit_accepted)
@@ -257,7 +263,7 @@ class PagedCommit:
 
             self.resolve(pool.device)
             kernels.paged_ops().commit(self.layout, pool, stash, header, state_indices, num_accepted, self.block_v,
-                                       self.num_warps, self.algo)
+                                       self.num_warps, self.algo, self.launch)
             return
         self._torch_commit(pool, stash, header, state_indices, num_accepted)
 

@@ -329,6 +329,68 @@ def test_triton_op_on_the_gpu_at_batch_256(strategy, num_spec, algo):
     _gpu_case(strategy, num_spec, algo)
 
 
+def test_the_direct_launch_keys_on_what_triton_specialises_on():
+    """Two calls share a compiled kernel only if Triton's entry point would have picked the same one: equal
+    dtypes, 16-byte alignment and integer classes (1, divisible by 16, 32-bit) per argument."""
+    pytest.importorskip("triton")
+    from strategies.kernels.paged import specialisation
+
+    buf = torch.zeros(64, dtype=torch.bfloat16)
+    base = specialisation((buf[:32], 16, 3, 0.5))
+    assert specialisation((buf[8:40], 32, 5, 0.25)) == base                # 16 bytes on, same classes
+    for other in ((buf[1:33], 16, 3, 0.5),                                   # 2 bytes off: unaligned
+                  (buf[:32].float(), 16, 3, 0.5),                            # another dtype
+                  (buf[:32], 8, 3, 0.5),                                     # no longer divisible by 16
+                  (buf[:32], 16, 1, 0.5),                                    # an integer equal to 1
+                  (buf[:32], 16, 2 ** 31, 0.5)):                             # a 64-bit integer
+        assert specialisation(other) != base, other
+    lay = StashLayout("treewy", 2, 4, 16, 16, num_spec=1)
+    with pytest.raises(ValueError, match="launch='fast'.*direct or jit.*COMMITBENCH_PAGED_LAUNCH"):
+        PagedCommit(lay, launch="fast")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_direct_launches_equal_triton_s_entry_point_bit_for_bit(strategy, algo):
+    """The op launched past Triton's entry point writes exactly what the entry point's launches write, step
+    after step, also when the token tensors lose their 16-byte alignment (another compiled variant: the
+    direct path must not reuse the aligned one) and in a mixed step with rows that only commit."""
+    from harness.bench.layer import make_pages
+    from strategies import GDNShape
+    from strategies.kernels import paged as kp
+
+    dev = torch.device("cuda")
+    lay = StashLayout(strategy, 16, 32, 128, 128, 3, 16)
+    gen = torch.Generator().manual_seed(1)
+    sides = []
+    for launch in ("jit", "direct"):
+        _, pool, stash, header = make_pages(40, GDNShape(1, 16, 32, 128, 128), 3, lay, dev)
+        pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(2)).to(dev))
+        stash.zero_()
+        header.zero_()
+        sides.append((PagedCommit(lay, "triton", algo=algo, launch=launch), pool, stash, header))
+    before = len(kp._DIRECT)
+    for step in range(6):
+        lens = [4, 4, 3, 4, 1, 4, 2, 4]
+        x = {name: t.to(dev) for name, t in vllm_step(gen, lens, shape=(16, 32, 128, 128)).items()}
+        if step % 2:       # the same values one element into a bigger buffer: no tensor 16-byte aligned
+            for name in ("q", "k", "v", "a", "b"):
+                t = x[name]
+                x[name] = torch.cat([t.new_zeros(1), t.flatten()])[1:].view(t.shape)
+            assert x["q"].data_ptr() % 16
+        idx = torch.arange(1, 9, dtype=torch.int32, device=dev)[:, None].expand(8, 4).contiguous()
+        acc = torch.randint(1, 5, (8,), generator=gen, dtype=torch.int32).to(dev)
+        leave = {} if step < 3 else {"commit_indices": torch.tensor([20 + step], dtype=torch.int32, device=dev),
+                                     "commit_accepted": torch.tensor([2], dtype=torch.int32, device=dev)}
+        outs = [op.step(pool, stash, header, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], idx,
+                        acc, x["cu_seqlens"], **leave) for op, pool, stash, header in sides]
+        assert torch.equal(outs[0], outs[1]), step
+        for part in (1, 2, 3):
+            assert torch.equal(sides[0][part], sides[1][part]), (step, part)
+    assert len(kp._DIRECT) - before >= 4        # step and finish, aligned and not: both variants cached
+
+
 def test_backend_choice():
     lay = StashLayout("treewy", H, HV, K, V, num_spec=3)
     assert not PagedCommit(lay).uses_triton(torch.device("cpu"))             # CPU pages: auto keeps torch

@@ -26,6 +26,16 @@ STRATS = {"treewy": pk.TREEWY, "replay": pk.REPLAY, "treewy_deferred": pk.TREEWY
 ALGOS = ("recurrence", "gluon")
 #: The compiled kernels of the last launch, by name (their registers and spills: :func:`resources`).
 LAUNCHED: dict[str, object] = {}
+#: How a call reaches the GPU. ``jit``: through Triton's entry point (``kernel[grid](...)``) every time, which
+#: binds the ~30 arguments, formats the specialisation into a cache key and looks the kernel up. ``direct``: that
+#: once per specialisation, then the compiled kernel's launcher directly (:func:`_run`), on a key of what Triton
+#: specialises on (dtypes, 16-byte alignment, integers equal to 1 or divisible by 16). Why: in vLLM's mixed
+#: prefill-decode steps the GDN layers run eagerly and the host paces the step (the layer clock in
+#: results/h200-kernel-speed/e2e/layer-clock-gmu0.9: the op's two launches 0.27 ms of host time per layer, vLLM's
+#: one 0.13 ms). ``direct`` falls back to ``jit`` in Triton's interpreter and while a launch hook (a profiler) is set.
+LAUNCHES = ("direct", "jit")
+#: (kernel, constants, warps, device, specialisation) -> (compiled kernel, the constexpr values in parameter order)
+_DIRECT: dict[tuple, tuple[object, tuple]] = {}
 
 
 def resources() -> dict[str, dict[str, int | None]]:
@@ -88,13 +98,14 @@ def _check(pool: torch.Tensor, stash: torch.Tensor, header: torch.Tensor, layout
 def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indices, num_accepted, cu_seqlens,
          scale: float, out: torch.Tensor, probe: torch.Tensor | None = None, block_v: int = 32,
          num_warps: int = 4, algo: str = "recurrence", commit_indices: torch.Tensor | None = None,
-         commit_accepted: torch.Tensor | None = None) -> None:
+         commit_accepted: torch.Tensor | None = None, launch: str = "direct") -> None:
     """See :meth:`strategies.paged.PagedCommit.step` (same arguments); writes ``out`` and the pages. The rows
-    ``commit_indices`` (with ``commit_accepted``) only commit, in the same two launches."""
+    ``commit_indices`` (with ``commit_accepted``) only commit, in the same two launches. ``launch``: one of
+    :data:`LAUNCHES`."""
     n = cu_seqlens.shape[0] - 1
     if n <= 0:
         if commit_indices is not None:
-            commit(layout, pool, stash, header, commit_indices, commit_accepted, block_v, num_warps, algo)
+            commit(layout, pool, stash, header, commit_indices, commit_accepted, block_v, num_warps, algo, launch)
         return
     c, fc = _plan(layout, pool, stash, header, block_v, algo)
     if probe is not None and not (probe.is_contiguous() and probe.dtype == torch.float32
@@ -111,11 +122,11 @@ def step(layout, pool, stash, header, q, k, v, a, b, A_log, dt_bias, state_indic
     else:
         m = commit_indices.shape[0]
     _launch(c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, commit_indices, commit_accepted,
-            n, m, (q, k, v, a, b, A_log, dt_bias, out), probe, scale, num_warps, algo)
+            n, m, (q, k, v, a, b, A_log, dt_bias, out), probe, scale, num_warps, algo, launch)
 
 
 def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: int = 32, num_warps: int = 4,
-           algo: str = "recurrence") -> None:
+           algo: str = "recurrence", launch: str = "direct") -> None:
     """See :meth:`strategies.paged.PagedCommit.commit`: the step's two launches with no verify rows."""
     m = state_indices.shape[0]
     if m <= 0:
@@ -124,11 +135,11 @@ def commit(layout, pool, stash, header, state_indices, num_accepted, block_v: in
     # No tokens: the verify rows' arguments are never read; any tensor stands in for them.
     dummy = num_accepted
     _launch(c, fc, pool, stash, header, dummy, dummy, dummy, state_indices, num_accepted, 0, m,
-            (dummy,) * 7 + (pool,), None, 1.0, num_warps, algo)
+            (dummy,) * 7 + (pool,), None, 1.0, num_warps, algo, launch)
 
 
 def _launch(c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens, cidx, cnacc, n, m, tokens, probe,
-            scale, num_warps, algo) -> None:
+            scale, num_warps, algo, launch) -> None:
     """``paged_step`` (Gluon's with ``algo="gluon"``) then ``paged_finish`` over n verify rows and m commit rows;
     ``c``, ``fc``: their constants (:func:`_plan`), ``tokens``: q, k, v, a, b, A_log, dt_bias, out."""
     q, k, v, a, b, A_log, dt_bias, out = tokens
@@ -138,17 +149,62 @@ def _launch(c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens,
     args = (pool, *pool.stride(), stash, stash.stride(0), header, header.stride(0), state_indices, s_idx,
             num_accepted, cu_seqlens, cidx, s_cidx, cnacc, n, q, k, v, a, b, A_log, dt_bias, out,
             probe if probe is not None else out, scale)
+    if launch not in LAUNCHES:
+        raise ValueError(f"launch={launch!r}: choose one of {', '.join(LAUNCHES)} (the vLLM plugin reads "
+                         "COMMITBENCH_PAGED_LAUNCH)")
+    direct = launch == "direct" and pool.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
     if algo == "gluon":
         if pool.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             raise ValueError("algo='gluon' runs on a CUDA device only (Gluon has no interpreter): use 'recurrence' "
                              "(COMMITBENCH_PAGED_ALGO) on CPU")
         from . import paged_gluon
 
-        kernel = paged_gluon.paged_step[grid](*args, PROBE=probe is not None, NW=num_warps, num_warps=num_warps, **c)
+        kernel = _run(paged_gluon.paged_step, grid, args, c, {"PROBE": probe is not None, "NW": num_warps},
+                      num_warps, direct)
     else:
-        kernel = pk.paged_step[grid](*args, PROBE=probe is not None, num_warps=num_warps, **c)
-    finish = pk.paged_finish[(n + m,)](
-        stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens, cidx,
-        s_cidx, cnacc, n, k, a, A_log, dt_bias, num_warps=4, **fc)
+        kernel = _run(pk.paged_step, grid, args, c, {"PROBE": probe is not None}, num_warps, direct)
+    finish = _run(pk.paged_finish, (n + m, 1),
+                  (stash, stash.stride(0), header, header.stride(0), state_indices, s_idx, num_accepted, cu_seqlens,
+                   cidx, s_cidx, cnacc, n, k, a, A_log, dt_bias), fc, {}, 4, direct)
     if n:       # resources() reports the verify step's kernels, not a commit's variant
         LAUNCHED["paged_step"], LAUNCHED["paged_finish"] = kernel, finish
+
+
+def specialisation(args: tuple) -> tuple:
+    """What Triton's launch specialises on, per argument, refined so that equal keys always mean the same compiled
+    kernel: a tensor's dtype and whether its data is 16-byte aligned, an integer's being 1, divisible by 16 and
+    32-bit, a float's nothing. Finer than Triton's own key where an argument is marked ``do_not_specialize``
+    (a miss then compiles nothing: Triton's entry point finds its kernel and the key joins the cache)."""
+    key = []
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            key.append((x.dtype, x.data_ptr() % 16 == 0))
+        elif isinstance(x, bool) or not isinstance(x, int):
+            key.append(type(x))
+        else:
+            key.append((x == 1, x % 16 == 0, -2 ** 31 <= x < 2 ** 31))
+    return tuple(key)
+
+
+def _run(fn, grid: tuple[int, int], args: tuple, consts: dict, flags: dict, num_warps: int, direct: bool):
+    """Launch ``fn`` over ``grid`` with the runtime ``args`` (in parameter order), the plan's constexprs
+    ``consts`` (cached per plan, so one dict per plan) and ``flags`` (the per-call constexprs); returns the
+    compiled kernel. ``direct``: see :data:`LAUNCHES`."""
+    hook = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if direct and getattr(hook, "launch_enter_hook", None) is None:
+        device = torch.cuda.current_device()     # where Triton's entry point launches too
+        key = (fn, id(consts), num_warps, device, tuple(flags.values()), specialisation(args))
+        hit = _DIRECT.get(key)
+        if hit is not None:
+            kernel, tail = hit
+            # The launcher's arguments as Triton's entry point passes them (triton/runtime/jit.py, 3.3 to 3.9):
+            # grid, stream, function, metadata, launch metadata and hooks (none: no hook is set), the arguments.
+            kernel.run(grid[0], grid[1], 1, torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                       kernel.packed_metadata, None, None, None, *args, *tail)
+            return kernel
+        kernel = fn[grid](*args, num_warps=num_warps, **flags, **consts)
+        names = {**consts, **flags}
+        _DIRECT[key] = (kernel, tuple(names[p] for p in fn.arg_names[len(args):]))
+        return kernel
+    return fn[grid](*args, num_warps=num_warps, **flags, **consts)
+

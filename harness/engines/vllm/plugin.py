@@ -14,7 +14,9 @@ process. Selected by the environment, inert otherwise:
   ``strategies.paged.TILES``);
   ``COMMITBENCH_PAGED_ALGO``: its arithmetic (``auto``, the default: ``gluon``, the recurrence with a chosen
   state-tile layout, on the GPUs it was validated on, ``recurrence`` elsewhere, CPU and the interpreter included;
-  ``recurrence``: the same in plain Triton; ``gluon``: asked for, CUDA only; see strategies.paged.default_algo).
+  ``recurrence``: the same in plain Triton; ``gluon``: asked for, CUDA only; see strategies.paged.default_algo);
+  ``COMMITBENCH_PAGED_LAUNCH``: how its kernels are launched (``direct``, the default: Triton's entry point once
+  per specialisation, then the compiled kernel's launcher; ``jit``: the entry point every call).
 * ``COMMITBENCH_SHADOW`` (with ``store_all`` and a probe): strategies to run beside vLLM's
   kernel on the very same inputs, each in pages of its own, recording how far their
   committed states and outputs are from vLLM's at every layer and step.
@@ -74,6 +76,8 @@ ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
 ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
 # The Triton op's arithmetic (auto, or one of strategies.kernels.paged.ALGOS: recurrence, gluon on CUDA).
 ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
+# How the Triton op's kernels are launched (strategies.kernels.paged.LAUNCHES: direct, jit).
+ENV_LAUNCH = "COMMITBENCH_PAGED_LAUNCH"
 STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
 
 log = logging.getLogger("commitbench.plugin")
@@ -320,7 +324,8 @@ class _LayerState:
                                          layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec),
                            backend=os.environ.get(ENV_KERNELS, "auto"), block_v=_env_int(ENV_BLOCK_V, None),
                            num_warps=_env_int(ENV_NUM_WARPS, None),
-                           algo=os.environ.get(ENV_ALGO, "").strip() or "auto")
+                           algo=os.environ.get(ENV_ALGO, "").strip() or "auto",
+                           launch=os.environ.get(ENV_LAUNCH, "").strip() or "direct")
 
     def caches(self):
         kv = self.layer.kv_cache
@@ -367,7 +372,7 @@ def code_of(paged, device: torch.device) -> str:
     if paged.uses_triton(device):
         paged.resolve(device)
         return (f"Triton paged op (strategies/kernels/paged: {paged.algo}, {paged.block_v} value columns x "
-                f"{paged.num_warps} warps)" + ("" if device.type == "cuda" else ", interpreted"))
+                f"{paged.num_warps} warps, {paged.launch} launch)" + ("" if device.type == "cuda" else ", interpreted"))
     return "torch reference (strategies/paged)"
 
 
