@@ -58,6 +58,15 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
     return cfg
 
 
+def engine_config(name: str) -> dict[str, Any]:
+    """``conf/engine/<name>.yaml`` as a composed engine (its defaults included: the acceptance table of
+    ``conf/acceptance/``), for code that needs an engine's settings outside a composed run config."""
+    if name == "auto" or not (conf_dir() / "engine" / f"{name}.yaml").is_file():
+        known = sorted(p.stem for p in (conf_dir() / "engine").glob("*.yaml") if p.stem != "auto")
+        raise ValueError(f"engine={name}: no settings of its own; choose one of {', '.join(known)} (conf/engine/)")
+    return OmegaConf.to_container(_compose(None, [f"+engine={name}"]))["engine"]
+
+
 def _check_added(config_name: str, overrides: list[str]) -> None:
     """Hydra's ``+key=`` adds any key, and a key nothing reads is an experiment silently not run: each one must
     name a key the config has already (``++gmu=0.6``), or a new key of an open map: the server's environment
@@ -90,7 +99,7 @@ def _select(node: Any, path: str) -> Any:
     return node
 
 
-def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+def _compose(config_name: str | None, overrides: list[str]) -> DictConfig:
     import re
 
     from hydra import compose as hydra_compose, initialize_config_dir

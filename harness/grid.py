@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import strategies
 
-from .config import compose, conf_dir, parse_draft, resolve_engine
+from .config import compose, conf_dir, engine_config, parse_draft, resolve_engine
 
 AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft")
 ALIASES = {"workload": "workloads", "strategies": "strategy", "drafts": "draft"}
@@ -148,7 +148,7 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             raise ValueError(f"engine=auto with engine.{', engine.'.join(sorted(set(engine) - {'name'}))} set: auto "
                              f"has no settings of its own; name the engine (engine={engine_name}) or compose the "
                              "config with harness.config.compose, which resolves auto first")
-        engine = OmegaConf.to_container(OmegaConf.load(conf_dir() / "engine" / f"{engine_name}.yaml"))
+        engine = engine_config(engine_name)
     rule = cfg["requests"]
     names = as_list(cfg["workloads"])
     settings = cfg.get("workload") if isinstance(cfg.get("workload"), dict) else {}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from analysis.metrics import point_metrics
-from harness.config import load_model
+from harness.config import engine_config, load_model
 from harness.engines.base import GPUSpec, Point
 from harness.engines.sim.acceptance import rates_for
 from harness.engines.sim.engine import SimEngine
@@ -21,7 +21,7 @@ from strategies import DraftTree
 from workloads import Arrival, Request
 
 ROOT = Path(__file__).resolve().parents[1]
-CFG = yaml.safe_load((ROOT / "conf" / "engine" / "sim.yaml").read_text())
+CFG = engine_config("sim")
 H200 = GPUSpec.from_config(yaml.safe_load((ROOT / "conf" / "gpu" / "h200.yaml").read_text()))
 M35 = load_model("qwen35_35b")
 CHAIN3 = DraftTree.chain(3, root=True)
@@ -209,10 +209,30 @@ def test_397b_fits_only_split_over_gpus_and_tp_runs_through_the_engine():
     assert m["completed"] == 64 and res.telemetry["num_blocks"] == tw.num_blocks
 
 
+def test_both_engines_read_the_one_acceptance_table():
+    """The synthetic acceptance rates are written once (conf/acceptance/synthetic.yaml): the simulator and the
+    vLLM server get the same rates for the chain, no engine file keeps a copy, and an override of one rate
+    reaches the engine that runs."""
+    from harness.config import compose
+    from harness.engines.sim.acceptance import rates_for
+    from harness.engines.vllm.engine import settings_for
+
+    for f in sorted((ROOT / "conf" / "engine").glob("*.yaml")):
+        assert "acceptance" not in (yaml.safe_load(f.read_text()) or {}), f"{f.name} keeps its own table"
+    table = yaml.safe_load((ROOT / "conf" / "acceptance" / "synthetic.yaml").read_text())
+    assert engine_config("sim")["acceptance"] == engine_config("vllm")["acceptance"] == table
+    rates = settings_for(point(), engine_config("vllm"), Path("/m")).acceptance_rates
+    assert rates == tuple(rates_for(CHAIN3, engine_config("sim")["acceptance"])) == (0.90, 0.75, 0.59)
+    cfg = compose("sweep", ["engine=vllm", "engine.acceptance.first=0.5"])      # shapes the table does not list
+    chain5 = point(tree=DraftTree.chain(5, root=True))
+    assert settings_for(chain5, cfg.engine, Path("/m")).acceptance_rates == pytest.approx([0.5 * 0.8 ** d
+                                                                                         for d in range(5)])
+
+
 def test_vllm_server_gets_the_tensor_parallel_size_and_multicast_off():
     from harness.engines.vllm.engine import settings_for
 
-    vcfg = yaml.safe_load((ROOT / "conf" / "engine" / "vllm.yaml").read_text())
+    vcfg = engine_config("vllm")
     one = settings_for(point(), vcfg, Path("/models/x"))
     assert "--tensor-parallel-size" not in one.argv(8000, "m") and "NCCL_NVLS_ENABLE" not in dict(one.env)
     two = settings_for(point(), {**vcfg, "tensor_parallel_size": 2}, Path("/models/x"))
@@ -225,7 +245,7 @@ def test_vllm_server_gets_the_graph_capture_size_and_refuses_a_bad_one():
     null leaves vLLM's default (no compilation config at all), and a size that is no size names the key."""
     from harness.engines.vllm.engine import settings_for
 
-    vcfg = yaml.safe_load((ROOT / "conf" / "engine" / "vllm.yaml").read_text())
+    vcfg = engine_config("vllm")
     assert vcfg["max_cudagraph_capture_size"] is None
     assert "--compilation-config" not in settings_for(point(), vcfg, Path("/m")).argv(8000, "m")
     argv = settings_for(point(), {**vcfg, "max_cudagraph_capture_size": 2048}, Path("/m")).argv(8000, "m")
