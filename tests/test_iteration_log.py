@@ -88,6 +88,9 @@ def test_a_point_s_span_picks_its_steps_from_the_server_s_log(tmp_path):
     il = _load()
     summary = {"provenance": {"time_utc": "2026-12-04T12:00:14+00:00"}, "metrics": {"duration_s": 3.2}}
     assert il.point_span(summary) == (il._seconds("12:00:10"), il._seconds("12:00:14"))
+    # The engine's own window, where it wrote one, wins over the whole-second time_utc.
+    precise = {**summary, "telemetry": {"run_wall_s": [1796385611.3, 1796385612.9]}}   # 12:00:11.3 - 12:00:12.9
+    assert il.point_span(precise) == (il._seconds("12:00:11"), il._seconds("12:00:12"))
     with pytest.raises(ValueError, match="provenance.time_utc and metrics.duration_s"):
         il.point_span({"metrics": {}})
     log = tmp_path / "vllm.log"

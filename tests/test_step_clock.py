@@ -43,15 +43,19 @@ def test_a_point_s_run_and_bad_input(tmp_path, capsys):
     rows = [_row(t, 0.02, 0.005, 0.002, 0, wall=1_800_000_000.0) for t in (0.0, 0.03, 0.06)]
     (tmp_path / "steps-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = {"provenance": {"time_utc": "2027-01-15T08:00:00.040000+00:00"}, "metrics": {"duration_s": 0.04}}
+    summary["telemetry"] = {"run_wall_s": [1_800_000_000.0, 1_800_000_000.04]}      # what the engine writes
     lo, hi = step_clock.span(summary)
     assert hi - lo == pytest.approx(0.04) and hi == pytest.approx(1_800_000_000.04)
+    # An older summary: time_utc in whole seconds, stored after the run's analysis; widened a second each side.
+    lo, hi = step_clock.span({k: v for k, v in summary.items() if k != "telemetry"})
+    assert lo == pytest.approx(1_800_000_000.04 - 1.04) and hi == pytest.approx(1_800_000_001.04)
     (tmp_path / "s.json").write_text(json.dumps(summary))
     out = tmp_path / "sum.json"
     assert step_clock.main([str(tmp_path), "--point", str(tmp_path / "s.json"), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["decode only"]["steps"] == 2           # the steps at 0.00 and 0.03 s
     assert step_clock.main([str(tmp_path / "empty")]) == 2
     assert "COMMITBENCH_STEPCLOCK" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="provenance.time_utc"):
+    with pytest.raises(ValueError, match="run_wall_s nor provenance.time_utc"):
         step_clock.span({})
 
 

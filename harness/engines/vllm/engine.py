@@ -357,6 +357,10 @@ class VLLMEngine:
             # did not cover a specialisation, and the point's timings include the compile.
             "jit_compiles_during_run": jit,
             "duration_s": res.duration_s,
+            # The measured run on time.time() (s since the epoch): where a clock in the server (the H200
+            # probes' step clock) finds the point's steps; provenance.time_utc is whole seconds, after analysis.
+            "run_wall_s": (None if res.started_wall is None
+                           else [res.started_wall, res.started_wall + res.duration_s]),
         }
 
 

@@ -44,6 +44,7 @@ class LoadResult:
     duration_s: float
     check: dict[str, Any] = field(default_factory=dict)
     aborted: str | None = None           # the watchdog's reason when the run was stopped early
+    started_wall: float | None = None    # time.time() at the run's start: where other clocks place it
 
 
 def prompt_ids(req: Request, index: int, vocab: int, seed: int = 0) -> list[int]:
@@ -154,6 +155,7 @@ async def run_async(base_url: str, model: str, requests: Sequence[Request], arri
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
             side = asyncio.ensure_future(during()) if during else None
             t0 = time.perf_counter()
+            wall0 = time.time()
 
             async def go(i: int, due: float) -> None:
                 now = time.perf_counter()
@@ -221,7 +223,7 @@ async def run_async(base_url: str, model: str, requests: Sequence[Request], arri
             elif r.error and r.error.startswith("cancelled"):
                 r.error = f"cancelled: {aborted}"
     return LoadResult(records=recs, itl_s=np.array(gaps), lag_s=lag, duration_s=duration,
-                      check=self_check(arrival, sched, sent, lag, recs), aborted=aborted)
+                      check=self_check(arrival, sched, sent, lag, recs), aborted=aborted, started_wall=wall0)
 
 
 def run(*args, **kwargs) -> LoadResult:

@@ -18,10 +18,9 @@ of each kind ran per second: each second of the window is one bin, busy througho
 are whole seconds, so the bins are coarse: read the times as rough, and the fit's residual says how rough.
 
 One server's log holds every point it ran: ``--point`` takes one point's ``summary.json`` and keeps the steps of
-its measured run (``provenance.time_utc``, when it was stored, less ``metrics.duration_s``; vLLM's log clock is
-the host's, UTC on the H200). The window: ``--start``/``--end`` (the log's clock, inclusive), else from the second
-after the first decode step
-to the second before the last step with prompt tokens (the steady part of a closed-loop run: the first second
+its measured run (``telemetry.run_wall_s``; in older summaries ``provenance.time_utc``, when it was stored, less
+``metrics.duration_s``; vLLM's log clock is the host's, UTC on the H200). The window: ``--start``/``--end`` (the
+log's clock, inclusive), else from the second after the first decode step to the second before the last step with prompt tokens (the steady part of a closed-loop run: the first second
 holds the initial prefill burst, after the last prompt the batch drains), both edges left out as partial bins.
 Seconds with under a quarter of the window's median steps are stalls (a Triton JIT compile during the run, which
 the point's ``telemetry.jit_compiles_during_run`` names), not busy with steps: they are left out of the fit and
@@ -77,8 +76,13 @@ def parse(text: str) -> list[Step]:
 
 
 def point_span(summary: dict) -> tuple[int, int]:
-    """The seconds (log clock, inclusive) of a point's measured run, from its summary."""
+    """The seconds (log clock, inclusive) of a point's measured run, from its summary: ``telemetry.run_wall_s``
+    where the engine wrote it, else ``provenance.time_utc`` less ``metrics.duration_s``."""
     import datetime as dt
+    wall = (summary.get("telemetry") or {}).get("run_wall_s")
+    if isinstance(wall, (list, tuple)) and len(wall) == 2 and all(isinstance(x, (int, float)) for x in wall):
+        lo, hi = (dt.datetime.fromtimestamp(x, dt.timezone.utc) for x in wall)
+        return lo.hour * 3600 + lo.minute * 60 + lo.second, hi.hour * 3600 + hi.minute * 60 + hi.second
     try:
         end = dt.datetime.fromisoformat(summary["provenance"]["time_utc"])
         duration = float(summary["metrics"]["duration_s"])

@@ -21,7 +21,8 @@ time exceeds its device time is paced by the host.
 
 A step whose ``wait`` is near zero and whose ``launch`` is most of its ``interval`` is host-bound: more host work
 per layer makes it longer one for one. ``--point`` keeps the steps of one point's measured run
-(``provenance.time_utc`` less ``metrics.duration_s``; the clock's ``wall`` is ``time.time()`` on the same host).
+(``telemetry.run_wall_s``, or in older summaries ``provenance.time_utc`` less ``metrics.duration_s``; the
+clock's ``wall`` is ``time.time()`` on the same host).
 """
 from __future__ import annotations
 
@@ -69,12 +70,19 @@ def timed(rows: list[dict]) -> list[dict]:
 
 
 def span(summary: dict) -> tuple[float, float]:
-    """A point's measured run as ``time.time()`` seconds, from its summary."""
+    """A point's measured run as ``time.time()`` seconds, from its summary: ``telemetry.run_wall_s`` where the
+    engine wrote it, else ``provenance.time_utc`` less ``metrics.duration_s`` widened by a second on each side
+    (older summaries: time_utc is whole seconds and is written after the point's analysis, so a run shorter
+    than a second could fall outside it)."""
+    wall = (summary.get("telemetry") or {}).get("run_wall_s")
+    if isinstance(wall, (list, tuple)) and len(wall) == 2 and all(isinstance(x, (int, float)) for x in wall):
+        return float(wall[0]), float(wall[1])
     try:
         end = dt.datetime.fromisoformat(summary["provenance"]["time_utc"]).timestamp()
-        return end - float(summary["metrics"]["duration_s"]), end
+        return end - float(summary["metrics"]["duration_s"]) - 1.0, end + 1.0
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"the point's summary has no provenance.time_utc and metrics.duration_s ({e})") from None
+        raise ValueError("the point's summary has neither telemetry.run_wall_s nor provenance.time_utc and "
+                         f"metrics.duration_s ({e})") from None
 
 
 def summarize(steps: list[dict]) -> dict[str, dict]:

@@ -44,8 +44,9 @@ parts take that time on the host or on the device, and, if neither, whether the 
 size follows the GDN page, which differs by strategy). It costs two ``perf_counter`` calls and, on CUDA, two event
 records per part and layer (~10 us per GDN layer), under every strategy alike.
 
-One JSON object per line in ``$COMMITBENCH_STEPCLOCK/steps-<pid>.jsonl``, appended every 64 steps or second
-(a server is stopped with signals, so the rows must not wait for the process's exit).
+One JSON object per line in ``$COMMITBENCH_STEPCLOCK/steps-<pid>.jsonl``, appended every 64 steps and by a
+thread every 0.1 s (a server is stopped with signals, so the rows must not wait for the process's exit, nor for
+a next step that may never come: the last steps of a point's run would be lost).
 ``step_clock.py`` beside this folder reads them. Recording costs two ``perf_counter`` calls and a dict per step.
 """
 from __future__ import annotations
@@ -62,14 +63,15 @@ ENV = "COMMITBENCH_STEPCLOCK"
 LAYERS_ENV = "COMMITBENCH_STEPCLOCK_LAYERS"
 LAYER_PARTS = ("core", "leave", "spec", "conv", "prep", "chunk", "build", "attn", "draft_attn")
 FLUSH_EVERY = 64       # steps
-FLUSH_AFTER_S = 1.0    # or seconds since the last append
+FLUSH_AFTER_S = 0.1    # the flushing thread's period
 
-_lock = threading.Lock()
+_lock = threading.Lock()          # _rows, _pending and the rows' _open counts: the step's thread and the flusher
+_write_lock = threading.Lock()    # one writer at a time, so lines never interleave
 _rows: list[dict] = []
 _current: dict | None = None
 _sampling = False                 # inside sample_tokens: an attention call there is the drafter's
 _path: str | None = None
-_flushed = 0.0
+_flusher: threading.Thread | None = None
 _layers: bool | None = None       # the layer clock: None until the first step installs it (or not)
 _pending: list[tuple] = []        # (row, part, start event, end event) not yet completed on the device
 _free_events: list = []
@@ -93,14 +95,26 @@ def _resolve(wait: bool = False) -> None:
 
 def _flush(wait: bool = False) -> None:
     """Append the finished rows (those whose device times are all in) to the file."""
-    global _rows, _flushed
+    global _rows
     with _lock:
         _resolve(wait)
         rows = [r for r in _rows if not r.get("_open")]
-        _rows, _flushed = [r for r in _rows if r.get("_open")], time.perf_counter()
+        _rows = [r for r in _rows if r.get("_open")]
     if rows and _path:
-        with open(_path, "a") as f:
+        with _write_lock, open(_path, "a") as f:
             f.writelines(json.dumps({k: v for k, v in r.items() if k != "_open"}) + "\n" for r in rows)
+
+
+def _flush_every() -> None:
+    """The flushing thread: the rows of a run's last steps reach the file before the server is stopped."""
+    while True:
+        time.sleep(FLUSH_AFTER_S)
+        if _rows:
+            try:
+                _flush()
+            except Exception as e:       # the clock must never take the server down; say it once and stop
+                print(f"commitbench-stepclock: flushing stopped: {type(e).__name__}: {e}", file=sys.stderr)
+                return
 
 
 def shape(scheduler_output) -> dict:
@@ -116,9 +130,12 @@ def shape(scheduler_output) -> dict:
 def _wrap_execute(fn):
     @functools.wraps(fn)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        global _current
+        global _current, _flusher
         if _layers is None:          # after the model is loaded and the plugin's hooks are in: ours go outside
             _install_layer_clock(self)
+        if _flusher is None:         # started in the process that steps (a fork would not inherit a thread)
+            _flusher = threading.Thread(target=_flush_every, name="commitbench-stepclock", daemon=True)
+            _flusher.start()
         row = {"wall": time.time(), "t0": time.perf_counter(), "tb": None, **shape(scheduler_output)}
         _current = row
         try:
@@ -145,7 +162,7 @@ def _wrap_sample(fn):
                 _current = None
                 with _lock:
                     _rows.append(row)
-                    full = len(_rows) >= FLUSH_EVERY or row["t3"] - _flushed > FLUSH_AFTER_S
+                    full = len(_rows) >= FLUSH_EVERY
                 if full:
                     _flush()
     return sample_tokens
@@ -187,8 +204,10 @@ def _timed(part: str, fn):
             row[f"{name}_host"] = row.get(f"{name}_host", 0.0) + time.perf_counter() - h0
             row[f"{name}_n"] = row.get(f"{name}_n", 0) + 1
             if events:
-                row["_open"] = row.get("_open", 0) + 1
-                _pending.append((row, name, e0, event()))
+                e1 = event()
+                with _lock:                 # the flushing thread resolves _pending and counts _open down
+                    row["_open"] = row.get("_open", 0) + 1
+                    _pending.append((row, name, e0, e1))
     return timed
 
 
