@@ -4,6 +4,10 @@
     DIR/points/<point_id>/summary.json status, fully resolved config, provenance, metrics, telemetry
     DIR/points/<point_id>/requests.parquet   one row per request
 
+A point's metrics are derived data: :meth:`Store.summaries` recomputes them from ``requests.parquet`` and the
+stored telemetry (``analysis.metrics.point_metrics``), so a fix to a metric reaches every sweep already on disk;
+the copy in ``summary.json`` is what the run computed, kept for a point whose requests were not stored.
+
 A point is written into a private temporary folder and renamed into place, so a reader (or a
 killed sweep) only ever sees whole points, and concurrent writers (parallel or Slurm jobs) never
 corrupt each other: the first complete copy of a point wins. A failed point is stored the same
@@ -22,6 +26,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis.metrics import point_metrics
+
 REQUEST_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_len", "output_len",
                    "output_tokens", "preemptions", "error")
 
@@ -30,6 +36,7 @@ class Store:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.points = self.root / "points"
+        self._metrics: dict[tuple[str, int], dict[str, Any]] = {}    # (requests.parquet, mtime) -> metrics
 
     def init(self, sweep_cfg: dict[str, Any]) -> None:
         self.points.mkdir(parents=True, exist_ok=True)
@@ -72,6 +79,7 @@ class Store:
         return final
 
     def summaries(self) -> Iterator[dict[str, Any]]:
+        """Every stored point's summary, in point-id order, its metrics recomputed from its requests."""
         if not self.points.is_dir():
             return
         for d in sorted(self.points.iterdir()):
@@ -79,9 +87,20 @@ class Store:
             if d.name.startswith(".") or not f.is_file():
                 continue
             try:
-                yield json.loads(f.read_text())
+                summary = json.loads(f.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
+            yield self._with_metrics(d, summary)
+
+    def _with_metrics(self, folder: Path, summary: dict[str, Any]) -> dict[str, Any]:
+        """``summary`` with ``metrics`` from ``requests.parquet`` (an ok point that has it); cached per file."""
+        path = folder / "requests.parquet"
+        if summary.get("status") != "ok" or not path.is_file():
+            return summary
+        key = (str(path), path.stat().st_mtime_ns)
+        if key not in self._metrics:
+            self._metrics[key] = point_metrics(pq.read_table(path).to_pylist(), summary.get("telemetry"))
+        return {**summary, "metrics": dict(self._metrics[key])}
 
     def requests(self, point_id: str) -> list[dict[str, Any]]:
         path = self.points / point_id / "requests.parquet"

@@ -102,6 +102,31 @@ def test_rerun_skips_finished_points(tmp_path):
     assert stamps == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "s" / "points").iterdir()}
 
 
+def test_metrics_are_recomputed_from_the_stored_requests_so_a_metric_fix_reaches_old_sweeps(tmp_path):
+    """summary.json's metrics are what the run computed; the store derives them again from requests.parquet (a
+    copy tampered with, as an old sweep under a since-fixed metric would be, does not reach analysis)."""
+    from analysis.metrics import point_metrics
+    from analysis.sweep import analyze
+
+    out = harness("sweep", *QUICK, f"out={tmp_path / 's'}", "report=false", "concurrency=[4]")
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = Store(tmp_path / "s")
+    first = next(store.summaries())
+    f = store.points / first["point_id"] / "summary.json"
+    stored = json.loads(f.read_text())
+    assert stored["metrics"] == first["metrics"]                     # the run and the store agree
+    f.write_text(json.dumps({**stored, "metrics": {**stored["metrics"], "output_throughput": 1.0, "ttft_p99": -1}}))
+    again = {s["point_id"]: s for s in Store(tmp_path / "s").summaries()}[first["point_id"]]
+    assert again["metrics"] == point_metrics(store.requests(first["point_id"]), stored["telemetry"])
+    assert again["metrics"]["output_throughput"] == stored["metrics"]["output_throughput"] != 1.0
+    rows = {r["point_id"]: r for r in analyze(Store(tmp_path / "s"))["points"]}
+    assert rows[first["point_id"]]["output_throughput"] == stored["metrics"]["output_throughput"]
+    # Without its requests (not stored) a point keeps the metrics its run wrote.
+    (store.points / first["point_id"] / "requests.parquet").unlink()
+    kept = {s["point_id"]: s for s in Store(tmp_path / "s").summaries()}[first["point_id"]]
+    assert kept["metrics"]["output_throughput"] == 1.0
+
+
 def test_the_anchor_runs_first_in_every_command_and_is_measured_again_when_a_campaign_resumes(tmp_path):
     """A campaign over several calls: the first command measures the anchor as a grid point, first; a later one
     with work measures it again (anchors/), first, and leaves the grid's copy alone; one with nothing to run
