@@ -229,14 +229,14 @@ def _first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None
     return out
 
 
-def test_matrix_keeps_going_past_a_failed_run(tmp_path):
+def test_an_offline_plan_keeps_going_past_a_failed_run(tmp_path):
     """The device runner: every run in a fresh process; a failure is recorded, the next run starts."""
     plan = {"defaults": {"model": "tiny_qwen3_next", "num_spec": 2, "max_model_len": 256, "eager": True,
                          "kv_cache_bytes": 32 << 20, "skip_generate": True, "prompt_len": 64, "output_len": 64},
             "runs": [{"name": "bad", "strategy": "treewy", "acceptance_rates": [0.9, 0.95]},  # increasing: refused
                      {"name": "ok", "strategy": "treewy"}]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, "-m", "harness.engines.vllm.matrix", str(tmp_path / "plan.json"),
+    proc = subprocess.run([sys.executable, "-m", "harness.engines.vllm.offline_plan", str(tmp_path / "plan.json"),
                            str(tmp_path / "out"), "--timeout", "300"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert proc.returncode == 0, proc.stderr[-3000:]

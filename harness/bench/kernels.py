@@ -208,7 +208,7 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
 
         def flush():
             carry.length = ring.to(device)
-            carry._rebuild(carry.checkpoint, carry.checkpoint, full, store_all=False)
+            carry._rebuild_from_ring(carry.checkpoint, carry.checkpoint, full, store_all=False)
         flush_s = gpu_seconds(flush, w, r, graph=False)
         row.update(flush_s=flush_s, flushes_per_step=f, append_s=append_s, commit_s=append_s + f * flush_s)
         bytes_ = traffic(name, tree, shape, sb, ib, B, ring_tokens=float(ring.float().mean()),

@@ -42,7 +42,9 @@ def _check_dtype(x: torch.Tensor, name: str) -> None:
                          "float32/bfloat16/float16 inputs. Use strategies.get(...) (torch) for float64")
 
 
-class _Tiles:
+class Tiling:
+    """How a kernel's launch tiles the value dimension: ``block_v`` columns per program, ``num_warps``."""
+
     mixed_dtypes = True   # an fp32 state with bf16 inputs, as vLLM runs Qwen3.5
 
     def __init__(self, block_v: int = 64, num_warps: int = 4):
@@ -57,7 +59,7 @@ class _Tiles:
         return min(self.block_v, tk.next_pow2(s.V))
 
 
-def _c(*xs: torch.Tensor) -> list[torch.Tensor]:
+def contiguous(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x.contiguous() for x in xs]
 
 
@@ -73,14 +75,14 @@ def grams(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return (torch.matmul(kf, kT).float().contiguous(), torch.matmul(qf, kT).float().contiguous())
 
 
-class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
+class TreeWYKernel(Tiling, treewy_mod.TreeWY):
     """``treewy`` on Triton. Stash: ``v_tilde [B, N, HV, V]`` and ``G [B, N, HV]`` float32, ``k``."""
 
     def __init__(self, block_v: int = 64, num_warps: int = 4, inplace: bool = False,
                  solve: str | bool = "substitution"):
         """``solve``: ``substitution`` (node by node, over each node's ancestors), or ``none``/False
         (skip it: wrong results, for timing the solve)."""
-        _Tiles.__init__(self, block_v, num_warps)
+        Tiling.__init__(self, block_v, num_warps)
         self.inplace = bool(inplace)
         if isinstance(solve, bool):
             solve = "substitution" if solve else "none"
@@ -101,7 +103,7 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
     def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         _check_dtype(carry, self.name)
         anc, _ = _tree_meta(tree, str(carry.device))
-        h0, q, k, v, g, beta = _c(carry, q, k, v, g, beta)
+        h0, q, k, v, g, beta = contiguous(carry, q, k, v, g, beta)
         o, vt, G, kst = self._outputs(s, k)
         tk.treewy_verify[self.grid(s)](
             h0, q, k, v, g, beta, anc, *grams(q, k), o, vt, G, kst, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
@@ -113,8 +115,8 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         _, par = _tree_meta(verified.tree, str(carry.device))
         h0 = carry.contiguous()
         out = h0 if self.inplace else torch.empty_like(h0)
-        rebuild(h0, out, st["k"], st["v_tilde"], st["G"], par, accepted, s, self, cumsum=False,
-                store_all=not self.inplace)
+        launch_rebuild(h0, out, st["k"], st["v_tilde"], st["G"], par, accepted, s, self, cumsum=False,
+                       store_all=not self.inplace)
         return out
 
     def step(self, state: torch.Tensor, prev: Verified, accepted: torch.Tensor, q, k, v, g, beta,
@@ -139,8 +141,8 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
             pages = torch.arange(s.B, dtype=torch.int32, device=state.device)
         anc, _ = _tree_meta(tree, str(state.device))
         _, ppar = _tree_meta(prev.tree, str(state.device))
-        q, k, v, g, beta = _c(q, k, v, g, beta)
-        pk, pvt, pG = _c(prev.stash["k"], prev.stash["v_tilde"], prev.stash["G"])
+        q, k, v, g, beta = contiguous(q, k, v, g, beta)
+        pk, pvt, pG = contiguous(prev.stash["k"], prev.stash["v_tilde"], prev.stash["G"])
         o, vt, G, kst = self._outputs(s, k)
         tk.treewy_step[self.grid(s)](
             state, pages.to(torch.int32), *state.stride(), pk, pvt, pG, ppar, acc.to(torch.int32), prev.shape.N,
@@ -150,11 +152,11 @@ class TreeWYKernel(_Tiles, treewy_mod.TreeWY):
         return Verified(o.to(q.dtype), tree, s, {"v_tilde": vt, "k": kst, "G": G})
 
 
-def rebuild(h0, out, k, u, G, par, end, s: StepShape, tiles: _Tiles, cumsum: bool, store_all: bool) -> None:
+def launch_rebuild(h0, out, k, u, G, par, end, s: StepShape, tiles: Tiling, cumsum: bool, store_all: bool) -> None:
     """Launch :func:`.triton_kernels.rebuild` over the ``M = k.shape[1]`` stashed tokens (see there):
     along a tree's parents ``par [M]`` (int32) to ``end [B]``, or with ``cumsum`` the prefix to it."""
     M = k.shape[1]
-    k, u, G = _c(k, u, G)   # stash views (a paged stash split into Ṽ, k, G) arrive strided
+    k, u, G = contiguous(k, u, G)   # stash views (a paged stash split into Ṽ, k, G) arrive strided
     tk.rebuild[tiles.grid(s)](
         h0, out, k, u, G, par.to(torch.int32).contiguous(), end.to(torch.int32).contiguous(), M,
         H=s.H, HV=s.HV, K=s.K, V=s.V, BK=tk.next_pow2(s.K), BV=tiles.bv(s),
@@ -171,12 +173,12 @@ class Snapshots:
     slot: torch.Tensor | None = None
 
 
-class StoreAllKernel(_Tiles, store_all_mod.StoreAll):
+class StoreAllKernel(Tiling, store_all_mod.StoreAll):
     """``store_all`` on Triton: verify writes a snapshot per node into ``N + 1`` slots per request
     (one more than vLLM's ``1 + k`` pages, so a step that accepts nothing keeps its state in place)."""
 
     def __init__(self, block_v: int = 64, num_warps: int = 4):
-        _Tiles.__init__(self, block_v, num_warps)
+        Tiling.__init__(self, block_v, num_warps)
 
     def start(self, state: torch.Tensor) -> Snapshots:
         return Snapshots(state)
@@ -193,7 +195,7 @@ class StoreAllKernel(_Tiles, store_all_mod.StoreAll):
         _check_dtype(carry.base, self.name)
         _, par = _tree_meta(tree, str(carry.base.device))
         base = carry.base.contiguous()
-        q, k, v, g, beta = _c(q, k, v, g, beta)
+        q, k, v, g, beta = contiguous(q, k, v, g, beta)
         dev = base.device
         in_place = carry.states is not None and carry.states.shape[1] >= s.N + 1
         if carry.states is None:
@@ -225,37 +227,37 @@ class StoreAllKernel(_Tiles, store_all_mod.StoreAll):
 class KernelHistory(History):
     """The deferred-flush carry with the flush (rebuild the checkpoint from the ring) on Triton."""
 
-    tiles: _Tiles = _Tiles()
+    tiles: Tiling = Tiling()
 
     def _replay(self, h0: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return self._rebuild(h0.contiguous(), torch.empty_like(h0), rows, store_all=True)
+        return self._rebuild_from_ring(h0.contiguous(), torch.empty_like(h0), rows, store_all=True)
 
     def _flush(self, rows: torch.Tensor) -> None:
         if not bool(rows.any()):
             return
         self.checkpoint = self.checkpoint.contiguous()
-        self._rebuild(self.checkpoint, self.checkpoint, rows, store_all=False)
+        self._rebuild_from_ring(self.checkpoint, self.checkpoint, rows, store_all=False)
         for buf in (self.u, self.k, self.g):
             buf[rows] = 0
         self.length = torch.where(rows, 0, self.length)
         self.flushes = self.flushes + rows.long()
 
-    def _rebuild(self, h0, out, rows, store_all: bool) -> torch.Tensor:
+    def _rebuild_from_ring(self, h0, out, rows, store_all: bool) -> torch.Tensor:
         B, HV, K, V = self.checkpoint.shape
         s = StepShape(B, 0, self.k.shape[2], HV, K, V)
         end = torch.where(rows & (self.length > 0), self.length - 1, -1)
-        rebuild(h0, out, self.k.contiguous(), self.u.contiguous(), self.g.contiguous(), end, end, s,  # par: unused
-                self.tiles, cumsum=True, store_all=store_all)
+        launch_rebuild(h0, out, self.k.contiguous(), self.u.contiguous(), self.g.contiguous(),
+                       end, end, s, self.tiles, cumsum=True, store_all=store_all)     # par (= end): unused
         return out
 
 
-class ReplayKernel(_Tiles, replay_mod.Replay):
+class ReplayKernel(Tiling, replay_mod.Replay):
     """``replay`` on Triton: verify rebuilds the committed state from checkpoint + ring in registers
     and runs the draft chain from it; the flush rewrites the checkpoint with the same rebuild."""
 
     def __init__(self, buffer_len: int = DEFAULT_BUFFER_LEN, block_v: int = 64, num_warps: int = 4):
         replay_mod.Replay.__init__(self, buffer_len)
-        _Tiles.__init__(self, block_v, num_warps)
+        Tiling.__init__(self, block_v, num_warps)
 
     def start(self, state: torch.Tensor) -> KernelHistory:
         h = KernelHistory.start(state, self.buffer_len)
@@ -270,7 +272,7 @@ class ReplayKernel(_Tiles, replay_mod.Replay):
             carry.u = torch.zeros(s.B, L, s.HV, s.V, dtype=dt, device=dev)
             carry.k = torch.zeros(s.B, L, s.H, s.K, dtype=dt, device=dev)
             carry.g = torch.zeros(s.B, L, s.HV, dtype=dt, device=dev)
-        ckpt, q, k, v, g, beta = _c(carry.checkpoint, q, k, v, g, beta)
+        ckpt, q, k, v, g, beta = contiguous(carry.checkpoint, q, k, v, g, beta)
         carry.checkpoint = ckpt
         o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=ckpt.device)
         u = torch.empty_like(o)

@@ -1,6 +1,6 @@
 """Run a list of offline vLLM configurations, each in a fresh process, and keep every outcome.
 
-    python -m harness.engines.vllm.matrix PLAN.json OUT_DIR [--only NAME ...] [--timeout 420]
+    python -m harness.engines.vllm.offline_plan PLAN.json OUT_DIR [--only NAME ...] [--timeout 420]
 
 PLAN.json: ``{"defaults": {...}, "runs": [{"name": ..., "model": "qwen35_35b", ...}, ...]}``;
 each run's keys are :mod:`harness.engines.vllm.offline` options (``num_spec``, ``gmu``,
@@ -74,7 +74,7 @@ def run_one(run: dict[str, Any], out_dir: Path, timeout: float, env_extra: dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.engines.vllm.matrix", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.engines.vllm.offline_plan", description=__doc__.split("\n")[0])
     p.add_argument("plan")
     p.add_argument("out_dir")
     p.add_argument("--only", nargs="*", default=None, help="run only these names")
@@ -93,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         if args.only and run["name"] not in args.only:
             continue
-        print(f"[matrix] {run['name']} ...", flush=True)
+        print(f"[offline_plan] {run['name']} ...", flush=True)
         res = run_one(run, out_dir, args.timeout, env_extra)
         summary = [s for s in summary if s["name"] != run["name"]] + [res]
         summary_path.write_text(json.dumps(summary, indent=2))
-        print(f"[matrix] {run['name']}: rc={res['rc']} in {res['wall_s']} s "
+        print(f"[offline_plan] {run['name']}: rc={res['rc']} in {res['wall_s']} s "
               f"{'; '.join(res['vllm_log'][-2:])}", flush=True)
     return 0
 
