@@ -349,6 +349,26 @@ def test_the_direct_launch_keys_on_what_triton_specialises_on():
         PagedCommit(lay, launch="fast")
 
 
+def test_the_direct_launch_steps_aside_only_while_a_launch_hook_is_set():
+    """Triton's default knobs hold empty hook chains, which are no hook: the direct launch must run (it fell back
+    to Triton's entry point on every call when an empty chain counted as a hook); a profiler's hook sends every
+    launch through the entry point, which calls it."""
+    triton = pytest.importorskip("triton")
+    from strategies.kernels.paged import launch_hooked
+
+    assert not launch_hooked()
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None or not hasattr(getattr(runtime, "launch_enter_hook", None), "add"):
+        pytest.skip("this Triton keeps launch hooks as plain callables")
+    hook = lambda *a, **k: None      # noqa: E731
+    runtime.launch_enter_hook.add(hook)
+    try:
+        assert launch_hooked()
+    finally:
+        runtime.launch_enter_hook.remove(hook)
+    assert not launch_hooked()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 run)")
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -170,6 +170,19 @@ def _launch(c, fc, pool, stash, header, state_indices, num_accepted, cu_seqlens,
         LAUNCHED["paged_step"], LAUNCHED["paged_finish"] = kernel, finish
 
 
+def launch_hooked() -> bool:
+    """Whether Triton has a launch hook to call (a profiler's): then a launch goes through its entry point, which
+    calls it. Triton's knobs hold each hook as a chain whose ``calls`` list is empty by default (3.5 on); older
+    versions as a plain callable or None. (Testing ``is None`` saw the empty chain as a hook: the first direct
+    launch fell back to the entry point every time.)"""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        hook = getattr(runtime, name, None)
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
 def specialisation(args: tuple) -> tuple:
     """What Triton's launch specialises on, per argument, refined so that equal keys always mean the same compiled
     kernel: a tensor's dtype and whether its data is 16-byte aligned, an integer's being 1, divisible by 16 and
@@ -190,8 +203,7 @@ def _run(fn, grid: tuple[int, int], args: tuple, consts: dict, flags: dict, num_
     """Launch ``fn`` over ``grid`` with the runtime ``args`` (in parameter order), the plan's constexprs
     ``consts`` (cached per plan, so one dict per plan) and ``flags`` (the per-call constexprs); returns the
     compiled kernel. ``direct``: see :data:`LAUNCHES`."""
-    hook = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if direct and getattr(hook, "launch_enter_hook", None) is None:
+    if direct and not launch_hooked():
         device = torch.cuda.current_device()     # where Triton's entry point launches too
         key = (fn, id(consts), num_warps, device, tuple(flags.values()), specialisation(args))
         hit = _DIRECT.get(key)
