@@ -18,6 +18,9 @@ from strategies import DraftTree
 from .model import ModelSpec
 
 ENV_CONF = "COMMITBENCH_CONF"
+# The commands whose config gets a ``strategies`` node: every configured strategy's options
+# (conf/strategies/<name>.yaml), the command line's ``strategies.<name>.<key>=`` applied.
+STRATEGY_CONFIGS = {"sweep", "run", "memory", "bench_strategies", "bench_sim", "bench_kernels", "check_acceptance"}
 
 
 def conf_dir() -> Path:
@@ -41,11 +44,22 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
     ``engine=auto`` (the default engine of ``sweep`` and ``run``) is resolved before the overrides apply: the
     config is composed once without the ``engine.*`` overrides to see which engine it picks, and where that is
     ``auto``, again with ``engine=<sim|vllm>``, so ``engine.mode=graphs`` sets the engine that runs. Hydra's
-    ``+key=`` adds a key only where something reads it (:func:`_check_added`)."""
+    ``+key=`` adds a key only where something reads it (:func:`_check_added`). The commands that run
+    strategies get their options as ``strategies`` (:mod:`harness.strategy_configs`), where
+    ``strategies.<name>.<key>=`` sets one."""
     overrides = list(overrides)
     for o in overrides:
-        if o.split("=", 1)[0].lstrip("+~") == "engine.name":
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "engine.name":
             raise ValueError(f"{o}: the engine is a choice of conf/engine/, engine=sim|vllm|auto, not a key to set")
+        if key == "strategies":
+            raise ValueError(f"{o}: the strategies to run are strategy=[...]; conf/strategies/ holds each one's "
+                             "settings (strategies.<name>.<key>=VALUE, e.g. strategies.replay.buffer_len=32)")
+    settings = [o for o in overrides if o.lstrip("+~").startswith("strategies.")]
+    if settings and config_name not in STRATEGY_CONFIGS:
+        raise ValueError(f"{settings[0]}: {config_name} runs no strategy; strategies.<name>.<key>= applies to "
+                         f"{', '.join(sorted(STRATEGY_CONFIGS))}")
+    overrides = [o for o in overrides if o not in settings]
     inside = [o for o in overrides if _sets_engine_key(o)]
     cfg = _compose(config_name, [o for o in overrides if o not in inside])
     auto = (cfg.get("engine") or {}).get("name") == "auto"
@@ -55,6 +69,13 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
     if auto or inside:
         cfg = _compose(config_name, overrides)
     _check_added(config_name, overrides)
+    if config_name in STRATEGY_CONFIGS:
+        from omegaconf import open_dict
+
+        from .strategy_configs import resolved
+
+        with open_dict(cfg):
+            cfg.strategies = resolved(settings)
     return cfg
 
 
@@ -138,7 +159,9 @@ def _nearest(config_name: str, key: str, overrides: Sequence[str]) -> str:
                 walk(v, f"{prefix}{k}.")
 
     walk(cfg, "")
-    near = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    # a key that moved under a node (buffer_len -> strategies.replay.buffer_len) is named by its last part
+    near = [k for k in keys if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1] and k != key][:3] \
+        or difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
     return f"did you mean {' or '.join(near)}?" if near else "python -m harness <command> --cfg lists the keys"
 
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import strategies
 
+from . import strategy_configs
 from .config import compose, conf_dir, engine_config, parse_draft, resolve_engine
 
 AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft")
@@ -181,6 +182,7 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                         out.append({
                             "model": cfg["model"], "gpu": cfg["gpu"], "engine": engine, "workload": wl,
                             "workload_name": wname, "strategy": strategy,
+                            "strategy_options": strategy_configs.of(cfg, strategy),
                             "draft": None if no_spec else draft, "gmu": float(gmu), "load": load,
                             "requests": n, "max_num_seqs": cfg["max_num_seqs"],
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],

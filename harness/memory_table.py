@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 import strategies
 from strategies import MiB
 
+from . import strategy_configs
 from .config import load_model, parse_draft
 
 
@@ -21,7 +22,7 @@ def memory_rows(cfg: DictConfig) -> list[dict[str, Any]]:
     for spec in cfg.drafts:
         tree = parse_draft(spec, root=bool(cfg.root))
         for name in strategies.names():
-            strat = strategies.configured(name, {"buffer_len": int(cfg.buffer_len)})
+            strat = strategy_configs.configured(cfg, name)
             if not strat.supports_trees and not tree.is_chain:
                 continue
             for dtype in cfg.state_dtypes:
@@ -61,8 +62,9 @@ def run(cfg: DictConfig) -> int:
                       f"{L * r['conv_bytes_per_layer'] / MiB:.2f}", f"{r['speculative_bytes'] / MiB:.1f}",
                       f"{r['total_bytes'] / MiB:.1f}")
     console.print(table)
+    rings = ", ".join(f"{n}={o['buffer_len']}" for n, o in strategy_configs.of_all(cfg).items() if o.get("buffer_len"))
     console.print(f"+root: the engine's last sampled token is node 0 (N = 1 + drafts). recurrent: pages × one "
-                  f"state; stash: pseudo-values, keys, decays of the N nodes (treewy) and/or a ring buffer of "
-                  f"{cfg.buffer_len} tokens (replay, treewy_deferred), in the state dtype; conv: {cfg.conv_dtype}, "
+                  f"state; stash: pseudo-values, keys, decays of the N nodes (treewy) and/or a ring buffer "
+                  f"(tokens: {rings}), in the state dtype; conv: {cfg.conv_dtype}, "
                   "widened by one path's drafts; spec.: all but one committed state (conv excluded).")
     return 0

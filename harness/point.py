@@ -66,7 +66,8 @@ def build_point(cfg: dict[str, Any]) -> Point:
     return Point(model=ModelSpec.from_config(cfg["model"]), gpu=GPUSpec.from_config(cfg["gpu"]),
                  strategy=cfg["strategy"], tree=tree, requests=tuple(reqs), arrival=arrival, gmu=float(cfg["gmu"]),
                  max_num_seqs=int(cfg["max_num_seqs"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
-                 max_model_len=int(cfg["max_model_len"]), seed=int(cfg.get("seed", 0)))
+                 max_model_len=int(cfg["max_model_len"]), seed=int(cfg.get("seed", 0)),
+                 strategy_options=dict(cfg.get("strategy_options") or {}))
 
 
 _ENGINES: dict[str, Any] = {}
@@ -98,20 +99,21 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
     log_dir = ecfg.get("log_dir") or (store.root / "engine-logs" if store is not None else None)
     if key in _ENGINES:
         engine = _ENGINES[key]
-        if ecfg.get("name") == "vllm" and log_dir is not None:
+        if log_dir is not None and hasattr(engine, "log_dir"):
             engine.log_dir = Path(log_dir)
         return engine
-    name = ecfg["name"]
-    if name == "sim":
-        from .engines.sim.engine import SimEngine
+    import importlib
 
-        engine = SimEngine(ecfg)
-    elif name == "vllm":
-        from .engines.vllm.engine import VLLMEngine
+    from .engines.base import ENGINES
 
-        engine = VLLMEngine(ecfg, log_dir=log_dir)
-    else:
-        raise ValueError(f"engine={name}: unknown; choose sim, vllm or auto (conf/engine/)")
+    name, module = ecfg["name"], ecfg.get("module")
+    if module:                                  # the engine's module registers it (@register_engine)
+        importlib.import_module(module)
+    if name not in ENGINES:
+        raise ValueError(f"engine={name}: no engine registers that name"
+                         f"{f' (module {module} registers none)' if module else ''}; conf/engine/{name}.yaml "
+                         "names the module that does (module:), or choose sim, vllm or auto")
+    engine = ENGINES[name](ecfg, log_dir=log_dir)
     _ENGINES[key] = engine
     return engine
 

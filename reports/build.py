@@ -48,8 +48,30 @@ def paper_figures() -> list[str]:
     return lines
 
 
+def load_figures() -> None:
+    """Imports the module each ``conf/figures/<name>.yaml`` names, so its figures register themselves."""
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    from harness.config import conf_dir
+
+    for path in sorted((conf_dir() / "figures").glob("*.yaml")):
+        module = (OmegaConf.load(path) or {}).get("module")
+        if not isinstance(module, str):
+            raise ValueError(f"conf/figures/{path.name}: needs `module:`, the Python module whose "
+                             "@reports.figures.figure functions it adds")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"conf/figures/{path.name}: module {module} does not import ({type(e).__name__}: "
+                             f"{e}); put it on PYTHONPATH or fix the name") from None
+
+
 def make_figures(store, result) -> list[tuple[str, Any]]:
-    """The registered figures (reports.figures.FIGURES) drawn for ``store``'s analysis ``result``."""
+    """The registered figures (reports.figures.FIGURES, and those of conf/figures/) drawn for ``store``'s
+    analysis ``result``."""
+    load_figures()
     model_cfg = next((s["config"]["model"] for s in store.summaries()), None)
     return figures.draw(figures.Inputs(result, store.requests, model_cfg))
 

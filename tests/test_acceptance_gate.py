@@ -70,7 +70,7 @@ class LastNode(TreeWY):
 
 @pytest.mark.parametrize("mutant", [OffByOne, SkipDecay, LastNode])
 def test_gate_catches_a_wrong_commit_and_names_the_first_diverging_step(mutant):
-    res = run_gate(small(strategies=["treewy"]), strategy_factory=lambda name, widths: mutant())
+    res = run_gate(small(strategy=["treewy"]), strategy_factory=lambda name, widths: mutant())
     assert not res.passed
     first = res.failures[0]
     assert "first diverging step" in first or "first diverging token" in first
@@ -83,5 +83,5 @@ def test_baseline_drift_is_caught(tmp_path):
 
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps({"mean_acceptance_length": {"chain:3": 1.0, "2,2,2": 9.0}}))
-    res = run_gate(small(strategies=["store_all"], baseline=str(path)))
+    res = run_gate(small(strategy=["store_all"], baseline=str(path)))
     assert any("pinned 1.0000" in f and "the model, drafter or prompts changed" in f for f in res.failures)

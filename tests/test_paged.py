@@ -650,7 +650,8 @@ MEASURED = ("strategies", "workloads", "harness/engines/vllm", "harness/engines/
 # ... and the functions, in files that also do other jobs, that turn a point's config into what it runs: its
 # requests and arrivals, and the draft tree vLLM gets.
 MEASURED_FUNCTIONS = {"harness/point.py": ("build_point", "arrival_of"), "harness/config.py": ("parse_draft",)}
-AXIS_KEYS = {"strategy", "draft", "gmu", "load", "requests"}     # what differs between a grid's points
+# what differs between a grid's points (a strategy brings its options, conf/strategies/)
+AXIS_KEYS = {"strategy", "strategy_options", "draft", "gmu", "load", "requests"}
 # Changes to a MEASURED file during a campaign, each reviewed as unable to change what the campaign's points run:
 # {path: {(blob before, blob after): why}} (git's blob ids, `git rev-parse COMMIT:PATH`). One exact edit each:
 # any further change to the file makes another blob pair, which the check refuses until it is reviewed too.

@@ -48,6 +48,7 @@ RUN = {
     "python -m harness memory",
     "python -m harness memory model=qwen35_397b",
     "python -m harness memory 'drafts=[[1,1,1],[2,2,2],chain:7]' format=json",
+    "python -m harness memory strategies.replay.buffer_len=32",
     "python -m harness memory --cfg",
     "python -m harness sweep gmu=0.6,0.75,0.9 strategy=store_all,treewy workload=sharegpt out=results/sweeps/mine",
     "python -m harness run workload=sharegpt gmu=0.6 concurrency=64 strategy=treewy",

@@ -81,8 +81,8 @@ def test_stash_comes_from_the_strategies_accounting():
     g = M35.gdn_shape()
     for name in ("treewy", "replay", "treewy_deferred"):
         lay = StashLayout(name, g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim, 3)
-        assert stash_bytes(M35, name, CHAIN3, 16) == lay.bytes
-    assert stash_bytes(M35, "store_all", CHAIN3, 16) == 0
+        assert stash_bytes(M35, name, CHAIN3, {"buffer_len": 16}) == lay.bytes
+    assert stash_bytes(M35, "store_all", CHAIN3) == 0
     tree = DraftTree.from_widths((3, 3, 3), root=True)
     store = build_pool(M35, H200, "store_all", tree, 0.9, CFG)
     assert store.plan.gdn_pages == 40   # the paper's 40 snapshot blocks for (3,3,3)

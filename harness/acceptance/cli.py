@@ -15,7 +15,7 @@ def run(cfg: DictConfig) -> int:
 
     c = OmegaConf.to_container(cfg, resolve=True)
     console = make_console()
-    console.print(f"[bold]check-acceptance[/]: {len(c['strategies'])} strategies x {len(c['drafts'])} drafts x "
+    console.print(f"[bold]check-acceptance[/]: {len(c['strategy'])} strategies x {len(c['drafts'])} drafts x "
                   f"{len(c['dtypes'])} dtypes on a tiny GDN hybrid, {c['prompts']['count']} Spec-Bench prompts, "
                   f"{c['max_new_tokens']} tokens each")
     res = run_gate(c, progress=lambda msg: console.print(f"  {msg}", highlight=False))

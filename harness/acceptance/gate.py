@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-import strategies
+from .. import strategy_configs
 from strategies import Strategy
 
 from .model import TinyConfig, TinyHybrid, drafter_of
@@ -125,7 +125,7 @@ def run_gate(cfg: dict[str, Any], strategy_factory: Callable[[str, tuple[int, ..
         res.reference[draft] = _mean_length(refs)
         low = {d: [speculative(models[d], drafter, p, n_new, widths, None) for p in prompts]
                for d in cfg["dtypes"] if d == "bfloat16"}
-        for name in cfg["strategies"]:
+        for name in cfg["strategy"]:
             for dname in cfg["dtypes"]:
                 strat = factory(name, widths)
                 if strat is None:
@@ -142,7 +142,7 @@ def run_gate(cfg: dict[str, Any], strategy_factory: Callable[[str, tuple[int, ..
 
 def _default_factory(cfg):
     def make(name: str, widths: tuple[int, ...]) -> Strategy | None:
-        strat = strategies.configured(name, cfg)
+        strat = strategy_configs.configured(cfg, name)   # its options: the config's strategies node
         if not strat.supports_trees and not all(w == 1 for w in widths):
             return None                                   # a chains-only strategy (replay) skips the trees
         return strat

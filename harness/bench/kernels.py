@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from strategies import DraftTree, GDNShape, as_dtype, dtype_bytes
 
+from .. import strategy_configs
 from ..config import load_model, parse_draft
 from ..provenance import provenance
 from .strategies import sample_accepted, step_inputs
@@ -187,7 +188,7 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
         row["commit_s"] = gpu_seconds(lambda: strat._commit(carry, ver, accepted), w, r)
         bytes_ = traffic(name, tree, shape, sb, ib, B)
     else:
-        L = int(cfg.buffer_len)
+        L = int(strategy_configs.of(cfg, "replay")["buffer_len"])
         strat = kernels.get("replay", buffer_len=L, **tiles)
         carry = strat.start(state)
         strat.verify(carry, q, k, v, g, beta, tree)               # allocates the ring
@@ -217,8 +218,8 @@ def measure(name: str, tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig
     row["step_s"] = row["verify_s"] + row["commit_s"]
     # The issue's yardstick: full states' worth of bytes per request and layer, verify + commit.
     row["states_moved"] = (row["verify_bytes"] + row["commit_bytes"]) / (B * shape.state_elems * sb)
-    opts = {"buffer_len": int(cfg.buffer_len)} if name == "replay" else {}
-    mem = kernels.get(name.removesuffix("_fused"), **opts).memory(shape, tree, state_dtype=cfg.state_dtype)
+    base = name.removesuffix("_fused")
+    mem = kernels.get(base, **strategy_configs.of(cfg, base)).memory(shape, tree, state_dtype=cfg.state_dtype)
     row["speculative_bytes_per_request"] = mem.speculative_bytes
     return row
 
@@ -286,9 +287,16 @@ def _smoke(cfg: DictConfig) -> DictConfig:
 
     small = OmegaConf.create({"batches": [1, 2], "drafts": ["chain:1", "chain:3", [2, 2]], "solve_nodes": [2, 4],
                               "solve_batch": 2, "warmup": 0, "repeats": 1, "copy_bytes": 1 << 20,
-                              "block_v": 16, "buffer_len": 8, "tune_block_v": [16, 32], "tune_num_warps": [4],
+                              "block_v": 16, "tune_block_v": [16, 32], "tune_num_warps": [4],
                               "layer": {"batches": [1, 2], "chains": [1, 3]}})
+    small.strategies = {name: {**opts, "buffer_len": 8} if "buffer_len" in opts else opts
+                        for name, opts in strategy_configs.of_all(cfg).items()}
     return OmegaConf.merge(cfg, small)
+
+
+def _ring(cfg: DictConfig, name: str) -> float:
+    """Tokens strategy ``name``'s ring holds in this run (inf: it keeps none)."""
+    return float(strategy_configs.of(cfg, name).get("buffer_len") or float("inf"))
 
 
 def run(cfg: DictConfig) -> int:
@@ -390,7 +398,7 @@ def _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out
         console.print(f"  [{i}/{len(jobs)}] {tree.label} (N={tree.num_nodes}) batch {B} "
                       f"(elapsed {time.perf_counter() - started:.0f} s)")
         for name in STRATEGY_ROWS:
-            if name == "replay" and (not tree.is_chain or tree.num_nodes > int(cfg.buffer_len)):
+            if name == "replay" and (not tree.is_chain or tree.num_nodes > _ring(cfg, name)):
                 continue
             if (name, tree.label, B) in done:
                 continue
@@ -460,7 +468,7 @@ def _layer_section(result, shape, cfg, gen, device, copy_bw, console, out) -> No
         tree = DraftTree.chain(k, root=True)
         if (name, tree.label, B, variant) in have:
             continue
-        if name in ("replay", "treewy_deferred") and k + 1 > int(cfg.buffer_len):
+        if k + 1 > _ring(cfg, name):                              # a deferred ring one step would overflow
             continue
         if (k, B) not in accepted_for:   # every op of a (chain, batch) sees the same accepted counts
             accepted_for[(k, B)] = sample_accepted(gen, tree, B, float(cfg.accept_rate))
@@ -506,7 +514,7 @@ def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str,
     except ValueError:
         return set()
     same = ("device", "shape", "num_layers")
-    keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "buffer_len", "root", "repeats", "smoke", "solve",
+    keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "strategies", "root", "repeats", "smoke", "solve",
             "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate", "layer")
     if old.get("complete") or any(old.get(k) != result[k] for k in same) \
             or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):

@@ -191,9 +191,12 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
     else:
         from strategies.paged import StashLayout
 
-        L = int(cfg.buffer_len)
+        from .. import strategy_configs
+
+        opts = strategy_configs.of(cfg, name)        # treewy keeps no ring: the layout's default
+        ring = [int(opts["buffer_len"])] if opts.get("buffer_len") else []
         lay = StashLayout(name, shape.num_key_heads, shape.num_value_heads, shape.key_head_dim,
-                          shape.value_head_dim, num_spec, L)
+                          shape.value_head_dim, num_spec, *ring)
         P = 1 + B
         caches = make_pages(P, shape, num_spec, lay, device)
         caches[1].normal_(0, 0.05)
@@ -205,9 +208,9 @@ def measure_layer(name: str, num_spec: int, B: int, shape: GDNShape, cfg, gen: t
         if variant == "no_commit":
             def fn():
                 header[:, 0].zero_()
-                return plugin.spec_update(layer, name, L, kernel, **kw)
+                return plugin.spec_update(layer, name, lay.buffer_len, kernel, **kw)
         else:
-            fn = lambda: plugin.spec_update(layer, name, L, kernel, **kw)
+            fn = lambda: plugin.spec_update(layer, name, lay.buffer_len, kernel, **kw)
         env = {"COMMITBENCH_BLOCK_V": str(tiles["block_v"]), "COMMITBENCH_NUM_WARPS": str(tiles["num_warps"]),
                "COMMITBENCH_PAGED_ALGO": tiles.get("algo", "auto")} if tiles else {}
         saved = {k: os.environ.get(k) for k in env}

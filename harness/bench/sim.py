@@ -20,6 +20,7 @@ import workloads
 from analysis.metrics import point_metrics
 from analysis.regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
+from .. import strategy_configs
 from ..config import compose, load_model, parse_draft
 from ..engines.base import GPUSpec, Point
 from ..engines.sim.engine import SimEngine
@@ -51,7 +52,8 @@ def _run_point(key):
                   requests=tuple(_STATE["pools"][wl][:n]),
                   arrival=workloads.Arrival(kind="closed", max_concurrency=c), gmu=gmu,
                   max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
-                  max_model_len=cfg["max_model_len"], seed=cfg["seed"])
+                  max_model_len=cfg["max_model_len"], seed=cfg["seed"],
+                  strategy_options=strategy_configs.of(cfg, strategy))
     res = SimEngine(cfg["engine"]).run(point)
     return key, point_metrics(res.requests, res.telemetry)
 
@@ -63,11 +65,11 @@ def run(cfg: DictConfig) -> int:
     t0 = time.perf_counter()
     _STATE.update(cfg=OmegaConf.to_container(cfg, resolve=True), model=load_model(cfg.model),
                   gpu=GPUSpec.from_config(OmegaConf.to_container(cfg.gpu, resolve=True)), pools=_load_pools(cfg))
-    keys = [(w, g, c, s) for w in cfg.workloads for g in cfg.gmu for c in cfg.concurrency for s in cfg.strategies]
+    keys = [(w, g, c, s) for w in cfg.workloads for g in cfg.gmu for c in cfg.concurrency for s in cfg.strategy]
     tp = int(cfg.engine.tensor_parallel_size)
     gpus = f"{tp} x {cfg.gpu.name}" if tp > 1 else cfg.gpu.name
     console.print(f"[bold]bench sim[/] (engine: sim, mode {cfg.engine.mode}): {cfg.model.display_name} on {gpus}, "
-                  f"{len(keys) // len(cfg.strategies)} points x {len(cfg.strategies)} strategies, "
+                  f"{len(keys) // len(cfg.strategy)} points x {len(cfg.strategy)} strategies, "
                   f"{cfg.processes} processes")
     results: dict[tuple, dict] = {}
     with mp.get_context("fork").Pool(int(cfg.processes)) as pool:
@@ -83,7 +85,7 @@ def run(cfg: DictConfig) -> int:
     table = make_table(f"ratios to {cfg.baseline} (geomean [95% CI]); engine: sim",
                        ["strategy", "regime", "points", *RATIOS], left=2)
     summary: dict[str, Any] = {}
-    for s in cfg.strategies:
+    for s in cfg.strategy:
         if s == cfg.baseline:
             continue
         for regime, want in (("memory-bound", True), ("not memory-bound", False)):

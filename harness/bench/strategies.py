@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 import strategies
 from strategies import DraftTree, GDNShape, MiB, as_dtype
 
+from .. import strategy_configs
 from ..config import load_model, parse_draft
 from ..provenance import provenance
 
@@ -74,8 +75,8 @@ def bench_draft(cfg: DictConfig, spec: Any, shape: GDNShape, state_dtype: str) -
              for _ in range(int(cfg.steps))]
     runs: dict[str, Any] = {}
     for name in strategies.names():
-        strat = strategies.configured(name, {"buffer_len": int(cfg.buffer_len)})
-        if strat.buffer_needed(tree) > int(cfg.buffer_len):   # a buffer that one step would overflow: grown to fit
+        strat = strategy_configs.configured(cfg, name)
+        if strat.buffer_needed(tree) > getattr(strat, "buffer_len", 0):   # a buffer one step would overflow: grown
             strat = strategies.configured(name, buffer_len=strat.buffer_needed(tree))
         opts = {k: getattr(strat, k) for k in strat.options}
         if strat.supports_trees or tree.is_chain:

@@ -7,7 +7,7 @@ which engine ran. Times are seconds from the start of the measured run.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from strategies import DraftTree
 from workloads import Arrival, Request
@@ -53,6 +53,7 @@ class Point:
     max_model_len: int = 4096
     seed: int = 0
     kv_cache_bytes: int | None = None   # the KV pool's size outright (vLLM's kv_cache_memory_bytes; CPU)
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)   # its run options (conf/strategies/)
 
     def __post_init__(self) -> None:
         if not 0 < self.gmu <= 1:
@@ -85,6 +86,22 @@ class PointResult:
 
 
 class Engine(Protocol):
+    """An engine runs points. ``cls(cfg, log_dir=None)``: ``cfg`` its composed ``conf/engine/<name>.yaml``,
+    ``log_dir`` where a server it starts logs (engines without one ignore it)."""
     name: str
 
     def run(self, point: Point) -> PointResult: ...
+
+
+#: name -> engine class, filled by :func:`register_engine` when the module ``conf/engine/<name>.yaml``'s
+#: ``module:`` names is imported (harness.point.engine_for imports it)
+ENGINES: dict[str, type] = {}
+
+
+def register_engine(name: str):
+    """Class decorator: the engine ``engine=<name>`` runs."""
+    def deco(cls):
+        cls.name = name
+        ENGINES[name] = cls
+        return cls
+    return deco

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..base import Point, PointResult, RequestRecord
+from ..base import Point, PointResult, RequestRecord, register_engine
 from .acceptance import Acceptance, rates_for
 from .memory import build_pool
 from .step_time import build_step_model
@@ -27,10 +27,9 @@ from .step_time import build_step_model
 NAN = float("nan")
 
 
+@register_engine("sim")
 class SimEngine:
-    name = "sim"
-
-    def __init__(self, cfg: Mapping[str, Any]):
+    def __init__(self, cfg: Mapping[str, Any], log_dir: Any = None):   # no server: nothing to log
         self.cfg = dict(cfg)
 
     def run(self, point: Point) -> PointResult:
@@ -46,9 +45,9 @@ class PointSimulation:
         self.p = point
         self.cfg = cfg
         tree = point.tree
-        buffer_len = int(cfg["buffer_len"])
+        opts = point.strategy_options              # e.g. the deferred strategies' buffer_len (conf/strategies/)
         tp = int(cfg["tensor_parallel_size"])     # per-GPU pool and weights; the step spans tp GPUs
-        self.pool = build_pool(point.model, point.gpu, point.strategy, tree, point.gmu, cfg, buffer_len, tp=tp,
+        self.pool = build_pool(point.model, point.gpu, point.strategy, tree, point.gmu, cfg, opts, tp=tp,
                                kv_cache_bytes=point.kv_cache_bytes)
         plan = self.pool.plan
         self.bs, self.attn_groups = plan.block_size, plan.attention_groups
@@ -60,7 +59,7 @@ class PointSimulation:
         self.lookahead = self.depth
         self.acc = Acceptance(rates_for(tree, cfg["acceptance"]) if tree is not None else np.zeros(0), point.seed)
         self.step = build_step_model(point.model, point.gpu, point.strategy, tree, self.acc.mean_length, cfg,
-                                     buffer_len, tp=tp)
+                                     opts, tp=tp)
         self.horizon = int(cfg["horizon_steps"])
         n = len(point.requests)
         self.prompt = np.array([r.prompt_len for r in point.requests], dtype=np.int64)

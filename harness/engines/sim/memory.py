@@ -35,12 +35,14 @@ class Pool:
         return self.plan.blocks_per_request(tokens)
 
 
-def stash_bytes(model: ModelSpec, strategy: str, tree: DraftTree | None, buffer_len: int, tp: int = 1) -> int:
-    """Bytes of the plugin's stash in one GDN page: the strategy's stash slots (its own memory accounting)
-    of float32 (pseudo-value, key, decay) plus a 16-byte header; 0 for store_all or no speculation."""
+def stash_bytes(model: ModelSpec, strategy: str, tree: DraftTree | None, options: Mapping[str, Any] | None = None,
+                tp: int = 1) -> int:
+    """Bytes of the plugin's stash in one GDN page: the strategy's stash slots (its own memory accounting, with
+    its run ``options``, e.g. ``buffer_len``) of float32 (pseudo-value, key, decay) plus a 16-byte header; 0 for
+    store_all or no speculation."""
     if tree is None:
         return 0
-    slots = strategies.configured(strategy, {"buffer_len": buffer_len}).footprint(tree)[1]
+    slots = strategies.configured(strategy, options).footprint(tree)[1]
     if slots == 0:        # snapshots only (store_all): vLLM's own pages, no stash
         return 0
     g = model.gdn_shape()
@@ -55,13 +57,15 @@ def reserve_bytes(cfg: Mapping[str, Any], requested: int, speculative: bool) -> 
 
 
 def build_pool(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftTree | None, gmu: float,
-               cfg: Mapping[str, Any], buffer_len: int = 16, tp: int = 1, kv_cache_bytes: int | None = None) -> Pool:
-    """``tree``: the verified draft (root included), None without speculation. ``kv_cache_bytes``:
-    the pool's size outright, as vLLM's ``kv_cache_memory_bytes`` sets it (gmu then unused)."""
+               cfg: Mapping[str, Any], options: Mapping[str, Any] | None = None, tp: int = 1,
+               kv_cache_bytes: int | None = None) -> Pool:
+    """``tree``: the verified draft (root included), None without speculation; ``options``: the strategy's run
+    options (conf/strategies/; None: its defaults). ``kv_cache_bytes``: the pool's size outright, as vLLM's
+    ``kv_cache_memory_bytes`` sets it (gmu then unused)."""
     k = 0 if tree is None else tree.draft_depth           # the conv window widens by one path's drafts
     # GDN pages beyond the committed state's: store_all's snapshots, one per draft token
-    pages = 0 if tree is None else strategies.configured(strategy, {"buffer_len": buffer_len}).footprint(tree)[0] - 1
-    stash = stash_bytes(model, strategy, tree, buffer_len, tp)
+    pages = 0 if tree is None else strategies.configured(strategy, options).footprint(tree)[0] - 1
+    stash = stash_bytes(model, strategy, tree, options, tp)
     at = model.attention
     p = plan(model.gdn_shape(), attention_layers=at["num_layers"] + (model.mtp["num_layers"] if k else 0),
              kv_heads=at["num_kv_heads"], head_dim=at["head_dim"], num_spec=k, stash_bytes=stash,

@@ -69,17 +69,18 @@ class StepModel:
 
 
 def gdn_traffic(strategy: str, tree: DraftTree | None, state: float, token_stash: float, mean_tokens: float,
-                buffer_len: int) -> float:
+                options: Mapping[str, Any] | None = None) -> float:
     """Bytes of GDN state one decode request moves per layer per step (see the module docstring): the
-    strategy's own count (``Strategy.step_traffic``); without speculation one state read and one written."""
+    strategy's own count (``Strategy.step_traffic``, with its run ``options``); without speculation one state
+    read and one written."""
     if tree is None:
         return 2 * state
-    return strategies.configured(strategy, {"buffer_len": buffer_len}).step_traffic(tree, state, token_stash,
-                                                                                   mean_tokens)
+    return strategies.configured(strategy, options).step_traffic(tree, state, token_stash, mean_tokens)
 
 
 def build_step_model(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftTree | None,
-                     mean_tokens: float, cfg: Mapping[str, Any], buffer_len: int = 16, tp: int = 1) -> StepModel:
+                     mean_tokens: float, cfg: Mapping[str, Any], options: Mapping[str, Any] | None = None,
+                     tp: int = 1) -> StepModel:
     mode = cfg["mode"]
     try:
         over = cfg["overhead"][mode]
@@ -118,7 +119,7 @@ def build_step_model(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftT
         num_experts=num_e,
         experts_per_token=k_e,
         kv_bytes_per_token=float(model.kv_bytes_per_token()),
-        gdn_bytes_per_request=g.num_layers * gdn_traffic(strategy, tree, state, token_stash, mean_tokens, buffer_len),
+        gdn_bytes_per_request=g.num_layers * gdn_traffic(strategy, tree, state, token_stash, mean_tokens, options),
         gdn_bytes_per_prefill=2.0 * g.num_layers * state,
         flops_per_token=2.0 * model.num_params(active=True) + gdn_flops,
         attn_flops_per_ctx_token=4.0 * at["num_heads"] * at["head_dim"] * at["num_layers"],

@@ -35,7 +35,7 @@ import numpy as np
 
 from workloads import Arrival, Request
 
-from ..base import Point, PointResult
+from ..base import Point, PointResult, register_engine
 from . import loadgen, scrape
 from .plugin import ENV_KERNELS, needs_piecewise
 from .server import ServerFailed, ServerSettings, VLLMServer
@@ -90,7 +90,7 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
                          "or null for vLLM's default")
     return ServerSettings(
         model_dir=str(model_dir), strategy=strategy,
-        buffer_len=int(cfg.get("buffer_len", 16)), num_spec=num_spec, acceptance_rates=rates,
+        buffer_len=point.strategy_options.get("buffer_len"), num_spec=num_spec, acceptance_rates=rates,
         gmu=None if cfg.get("kv_cache_bytes") else point.gmu,
         kv_cache_bytes=int(cfg["kv_cache_bytes"]) if cfg.get("kv_cache_bytes") else None,
         max_model_len=point.max_model_len, max_num_seqs=point.max_num_seqs,
@@ -127,8 +127,8 @@ def _get(url: str, timeout: float = 5.0) -> str:
         return r.read().decode()
 
 
+@register_engine("vllm")
 class VLLMEngine:
-    name = "vllm"
 
     def __init__(self, cfg: Mapping[str, Any], log_dir: Path | None = None):
         self.cfg = dict(cfg)

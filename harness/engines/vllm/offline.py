@@ -37,7 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m harness.engines.vllm.offline", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", required=True, help="HF model dir (python -m harness.engines.vllm.model_dir)")
     p.add_argument("--strategy", choices=STRATEGIES, default="store_all")
-    p.add_argument("--buffer-len", type=int, default=16, help="replay / treewy_deferred ring buffer (tokens)")
+    p.add_argument("--buffer-len", type=int, default=None,
+                   help="replay / treewy_deferred ring buffer (tokens; default conf/strategies/<strategy>.yaml's)")
     p.add_argument("--num-spec", type=int, default=3, help="MTP draft tokens k (0: no speculation)")
     p.add_argument("--acceptance-rates", default="",
                    help="synthetic acceptance: unconditional per-position rates, e.g. 0.90,0.75,0.59")
@@ -235,7 +236,12 @@ def spec_counters(llm) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ[ENV_STRATEGY] = args.strategy
-    os.environ[ENV_BUFFER_LEN] = str(args.buffer_len)
+    if args.buffer_len is None:                       # the run value of conf/strategies/, else the plugin's default
+        from ...strategy_configs import options
+
+        args.buffer_len = options().get(args.strategy, {}).get("buffer_len")
+    if args.buffer_len is not None:
+        os.environ[ENV_BUFFER_LEN] = str(args.buffer_len)
     if args.probe_dir:
         os.environ[ENV_PROBE] = args.probe_dir
     if args.shadow:

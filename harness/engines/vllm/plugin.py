@@ -66,6 +66,8 @@ from typing import Any
 
 import torch
 
+from strategies.history import DEFAULT_BUFFER_LEN
+
 ENV_STRATEGY = "COMMITBENCH_STRATEGY"
 ENV_BUFFER_LEN = "COMMITBENCH_BUFFER_LEN"
 ENV_PROBE = "COMMITBENCH_PROBE_DIR"
@@ -90,7 +92,7 @@ def selected() -> tuple[str, int]:
     name = os.environ.get(ENV_STRATEGY, "").strip()
     if name and name not in STRATEGIES:
         raise ValueError(f"{ENV_STRATEGY}={name!r}: unknown; use one of {', '.join(STRATEGIES)} (or unset it)")
-    raw = os.environ.get(ENV_BUFFER_LEN, "16").strip() or "16"
+    raw = os.environ.get(ENV_BUFFER_LEN, "").strip() or str(DEFAULT_BUFFER_LEN)   # unset: the strategies' own
     try:
         buffer_len = int(raw)
     except ValueError:

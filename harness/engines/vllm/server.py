@@ -62,7 +62,7 @@ class ServerSettings:
 
     model_dir: str
     strategy: str = "store_all"
-    buffer_len: int = 16
+    buffer_len: int | None = None   # a deferred strategy's ring, tokens (conf/strategies/); None: the plugin's
     num_spec: int = 3
     acceptance_rates: tuple[float, ...] = ()
     gmu: float | None = 0.9
@@ -250,7 +250,8 @@ class VLLMServer:
         # COMMITBENCH_SERVER is inherited by every process vLLM starts: tagged_processes() finds them
         # all, even one that left the process group.
         env = {**os.environ, "COMMITBENCH_STRATEGY": self.settings.strategy, TAG_ENV: self.served_name,
-               "COMMITBENCH_BUFFER_LEN": str(self.settings.buffer_len), **dict(self.settings.env)}
+               **({"COMMITBENCH_BUFFER_LEN": str(self.settings.buffer_len)} if self.settings.buffer_len else {}),
+               **dict(self.settings.env)}
         t0 = time.time()
         self.process = ManagedProcess(self.settings.argv(self.port, self.served_name), "vLLM", self.log_path, env)
         try:
