@@ -134,18 +134,8 @@ async def run_async(base_url: str, model: str, requests: Sequence[Request], arri
     recs = [RequestRecord(id=i, arrival_s=0.0, prompt_len=r.prompt_len, output_len=r.output_len)
             for i, r in enumerate(requests)]
     gaps: list[float] = []
-    lag = np.zeros(n)
-    sent = np.zeros(n)
-    started = np.zeros(n, dtype=bool)
-    closed = arrival.kind == "closed"
-    sched = None
-    if not closed:
-        sched = np.array([r.arrival_s if r.arrival_s is not None else np.nan for r in requests], dtype=float)
-        if np.isnan(sched).any():
-            raise ValueError(f"arrival.kind={arrival.kind}: every request needs arrival_s (build the workload "
-                             "with this arrival so it draws the schedule)")
-        sched = sched - (sched.min() if n else 0.0)
-    aborted: str | None = None
+    lag, sent, started = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
+    sched = _schedule(requests, arrival)
     # Objects built so far (bodies, records) never die during the run: keep the collector off them,
     # which removes the 100+ ms full collections that otherwise show up as schedule lag.
     gc.collect()
@@ -162,68 +152,99 @@ async def run_async(base_url: str, model: str, requests: Sequence[Request], arri
                 started[i] = True
                 sent[i] = now - t0
                 lag[i] = max(0.0, now - t0 - due)
-                recs[i].arrival_s = sent[i] if closed else due
+                recs[i].arrival_s = sent[i] if sched is None else due
                 await _one(session, url, bodies[i], recs[i], t0, gaps, request_timeout_s)
                 if progress:
                     progress()
 
-            async def offer() -> None:
-                tasks = []
-                try:
-                    if closed:
-                        sem = asyncio.Semaphore(int(arrival.max_concurrency))
-
-                        async def gated(i: int) -> None:
-                            try:
-                                await go(i, time.perf_counter() - t0)
-                            finally:
-                                sem.release()
-
-                        for i in range(n):
-                            await sem.acquire()
-                            tasks.append(asyncio.ensure_future(gated(i)))
-                    else:
-                        for i in np.argsort(sched, kind="stable"):
-                            wait = sched[i] - (time.perf_counter() - t0)
-                            if wait > 0:
-                                await asyncio.sleep(wait)
-                            tasks.append(asyncio.ensure_future(go(int(i), float(sched[i]))))
-                    await asyncio.gather(*tasks)
-                except asyncio.CancelledError:
-                    for t in tasks:
-                        t.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                    raise
-
-            main = asyncio.ensure_future(offer())
-            watch = asyncio.ensure_future(watchdog()) if watchdog else None
-            try:
-                if watch is None:
-                    await main
-                else:
-                    await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
-                    if watch.done() and not main.done() and watch.result():
-                        aborted = watch.result()
-                        main.cancel()
-                        await asyncio.gather(main, return_exceptions=True)
-                    else:
-                        await main
-            finally:
-                for task in (watch, side):
-                    if task is not None and not task.done():
-                        task.cancel()
-                        await asyncio.gather(task, return_exceptions=True)
+            main = asyncio.ensure_future(_offer(n, arrival, sched, t0, go))
+            aborted = await _until_done_or_stopped(main, watchdog, side)
             duration = time.perf_counter() - t0
     finally:
         gc.unfreeze()
     if aborted:
-        for i, r in enumerate(recs):
-            if not started[i]:
-                r.error = f"not sent: {aborted}"
-            elif r.error and r.error.startswith("cancelled"):
-                r.error = f"cancelled: {aborted}"
+        _mark_aborted(recs, started, aborted)
     return LoadResult(records=recs, itl_s=np.array(gaps), lag_s=lag, duration_s=duration,
                       check=self_check(arrival, sched, sent, lag, recs), aborted=aborted, started_wall=wall0)
+
+
+def _schedule(requests: Sequence[Request], arrival: Arrival) -> np.ndarray | None:
+    """Each request's due time (s from the run's start, the earliest at 0) under an open-loop arrival; None
+    under closed-loop concurrency, where a request is due when a slot frees."""
+    if arrival.kind == "closed":
+        return None
+    sched = np.array([r.arrival_s if r.arrival_s is not None else np.nan for r in requests], dtype=float)
+    if np.isnan(sched).any():
+        raise ValueError(f"arrival.kind={arrival.kind}: every request needs arrival_s (build the workload "
+                         "with this arrival so it draws the schedule)")
+    return sched - (sched.min() if len(sched) else 0.0)
+
+
+async def _offer(n: int, arrival: Arrival, sched: np.ndarray | None, t0: float,
+                 go: Callable[[int, float], Awaitable[None]]) -> None:
+    """Start ``go(i, due)`` for every request: closed loop, as soon as one of ``arrival.max_concurrency`` slots
+    frees (due: now); open loop, at its time in ``sched`` (s from ``t0``). Returns when all have finished; a
+    cancellation cancels the requests in flight."""
+    tasks = []
+    try:
+        if sched is None:
+            sem = asyncio.Semaphore(int(arrival.max_concurrency))
+
+            async def gated(i: int) -> None:
+                try:
+                    await go(i, time.perf_counter() - t0)
+                finally:
+                    sem.release()
+
+            for i in range(n):
+                await sem.acquire()
+                tasks.append(asyncio.ensure_future(gated(i)))
+        else:
+            for i in np.argsort(sched, kind="stable"):
+                wait = sched[i] - (time.perf_counter() - t0)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.ensure_future(go(int(i), float(sched[i]))))
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _until_done_or_stopped(main: asyncio.Future, watchdog: Callable[[], Awaitable[str | None]] | None,
+                                 side: asyncio.Future | None) -> str | None:
+    """Await the offer ``main``; with a ``watchdog`` beside it, stop ``main`` at once when the watchdog returns a
+    reason (returned). The watchdog and the ``side`` task (telemetry) are cancelled when the offer ends."""
+    watch = asyncio.ensure_future(watchdog()) if watchdog else None
+    aborted = None
+    try:
+        if watch is None:
+            await main
+        else:
+            await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done() and not main.done() and watch.result():
+                aborted = watch.result()
+                main.cancel()
+                await asyncio.gather(main, return_exceptions=True)
+            else:
+                await main
+    finally:
+        for task in (watch, side):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    return aborted
+
+
+def _mark_aborted(recs: list[RequestRecord], started: np.ndarray, aborted: str) -> None:
+    """Records of a run the watchdog stopped: never sent, or cancelled in flight, for ``aborted``'s reason."""
+    for i, r in enumerate(recs):
+        if not started[i]:
+            r.error = f"not sent: {aborted}"
+        elif r.error and r.error.startswith("cancelled"):
+            r.error = f"cancelled: {aborted}"
 
 
 def run(*args, **kwargs) -> LoadResult:
