@@ -304,17 +304,7 @@ def run(cfg: DictConfig) -> int:
 
     from ..console import console as make_console
 
-    unknown = sorted(set(cfg.sections) - set(SECTIONS))       # refused before any timing runs
-    if unknown:
-        raise ValueError(f"sections={list(cfg.sections)}: unknown {unknown}; choose from {list(SECTIONS)}")
-    if not kernels.available():
-        raise ValueError("bench kernels: Triton is not installed; on the GPU host it comes with CUDA torch, "
-                         "elsewhere pip install 'commitbench[gpu]'")
-    gpu = torch.cuda.is_available()
-    if not gpu and not cfg.smoke:
-        raise ValueError("bench kernels times compiled Triton kernels on a CUDA GPU and this machine has none; "
-                         "run it on the GPU host, or pass smoke=true to exercise the benchmark on tiny shapes in "
-                         "Triton's CPU interpreter (its times mean nothing)")
+    gpu = _refuse_what_cannot_run(cfg)
     model = load_model(cfg.model)
     shape = model.gdn_shape()
     if cfg.smoke:
@@ -334,17 +324,7 @@ def run(cfg: DictConfig) -> int:
     copy_bw = copy["best"]
     console.print(f"  copy bandwidth (read + write, {copy['bytes'] / GiB:.1f} GiB): "
                   f"torch {copy['torch_copy'] / 1e9:,.0f} GB/s, Triton {copy['triton_copy'] / 1e9:,.0f} GB/s")
-    from omegaconf import OmegaConf
-
-    result: dict[str, Any] = {
-        "engine": "triton" if gpu else "triton-interpreter (smoke)", "device": where, "complete": False,
-        "copy_bandwidth": copy_bw, "copy": copy, "num_layers": shape.num_layers,
-        "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
-                  "V": shape.value_head_dim},
-        "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "tiles": {},
-        "layer": {"rows": [], "vllm_kernel": None}, "sections": list(cfg.sections),
-        "provenance": provenance(),
-        "config": OmegaConf.to_container(cfg, resolve=True)}
+    result = _new_result(cfg, shape, where, gpu, copy)
     out = Path(str(cfg.out)) if cfg.out else None
     done = _resume(out, result, console)
     if "layer" in cfg.sections:
@@ -357,15 +337,54 @@ def run(cfg: DictConfig) -> int:
     result["complete"] = True
     print_tables(console, result)
     if out is not None:
-        _save(out, result)
-        console.print(f"wrote {out}")
-        try:
-            from reports.kernels import write_report
-        except ImportError as e:  # a lean GPU host: the numbers are safe, plot them elsewhere
-            console.print(f"no report here ({e}); run `python -m harness report {out.parent}` where matplotlib is")
-        else:
-            console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
+        _write(out, result, console)
     return 0
+
+
+def _refuse_what_cannot_run(cfg: DictConfig) -> bool:
+    """Whether a CUDA GPU is here; refuses, before any timing, an unknown section, a missing Triton, and a
+    machine without a GPU unless ``smoke`` (Triton's interpreter, tiny shapes)."""
+    from strategies import kernels
+
+    unknown = sorted(set(cfg.sections) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"sections={list(cfg.sections)}: unknown {unknown}; choose from {list(SECTIONS)}")
+    if not kernels.available():
+        raise ValueError("bench kernels: Triton is not installed; on the GPU host it comes with CUDA torch, "
+                         "elsewhere pip install 'commitbench[gpu]'")
+    gpu = torch.cuda.is_available()
+    if not gpu and not cfg.smoke:
+        raise ValueError("bench kernels times compiled Triton kernels on a CUDA GPU and this machine has none; "
+                         "run it on the GPU host, or pass smoke=true to exercise the benchmark on tiny shapes in "
+                         "Triton's CPU interpreter (its times mean nothing)")
+    return gpu
+
+
+def _new_result(cfg: DictConfig, shape: GDNShape, where: str, gpu: bool, copy: dict[str, Any]) -> dict[str, Any]:
+    """The result document the sections fill (and a resumed run continues)."""
+    from omegaconf import OmegaConf
+
+    return {
+        "engine": "triton" if gpu else "triton-interpreter (smoke)", "device": where, "complete": False,
+        "copy_bandwidth": copy["best"], "copy": copy, "num_layers": shape.num_layers,
+        "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
+                  "V": shape.value_head_dim},
+        "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "tiles": {},
+        "layer": {"rows": [], "vllm_kernel": None}, "sections": list(cfg.sections),
+        "provenance": provenance(),
+        "config": OmegaConf.to_container(cfg, resolve=True)}
+
+
+def _write(out: Path, result: dict[str, Any], console) -> None:
+    """The finished result to ``out``, and its HTML report beside it where matplotlib is installed."""
+    _save(out, result)
+    console.print(f"wrote {out}")
+    try:
+        from reports.kernels import write_report
+    except ImportError as e:  # a lean GPU host: the numbers are safe, plot them elsewhere
+        console.print(f"no report here ({e}); run `python -m harness report {out.parent}` where matplotlib is")
+    else:
+        console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
 
 
 SECTIONS = ("layer", "kernels", "solve")
