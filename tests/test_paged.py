@@ -646,7 +646,7 @@ CAMPAIGNS = {"final": None, "capture2048": 2048}
 # that starts vLLM, drives and scrapes it. The rest (where logs go, the simulator, the sweep's order, the CLI,
 # analysis, reports) cannot change a measurement; the config a point ran with is compared whole instead.
 MEASURED = ("strategies", "workloads", "harness/engines/vllm", "harness/engines/base.py",
-            "harness/engines/sim/acceptance.py", "harness/model.py")
+            "harness/engines/acceptance_rates.py", "harness/engines/sim/acceptance.py", "harness/model.py")
 # ... and the functions, in files that also do other jobs, that turn a point's config into what it runs: its
 # requests and arrivals, and the draft tree vLLM gets.
 MEASURED_FUNCTIONS = {"harness/point.py": ("build_point", "arrival_of"), "harness/config.py": ("parse_draft",)}

@@ -12,7 +12,7 @@ import yaml
 from analysis.metrics import point_metrics
 from harness.config import engine_config, load_model
 from harness.engines.base import GPUSpec, Point
-from harness.engines.sim.acceptance import rates_for
+from harness.engines.acceptance_rates import rates_for
 from harness.engines.sim.engine import SimEngine
 from harness.engines.sim.memory import build_pool, stash_bytes
 from harness.engines.sim.step_time import build_step_model
@@ -214,7 +214,7 @@ def test_both_engines_read_the_one_acceptance_table():
     vLLM server get the same rates for the chain, no engine file keeps a copy, and an override of one rate
     reaches the engine that runs."""
     from harness.config import compose
-    from harness.engines.sim.acceptance import rates_for
+    from harness.engines.acceptance_rates import rates_for
     from harness.engines.vllm.engine import settings_for
 
     for f in sorted((ROOT / "conf" / "engine").glob("*.yaml")):

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..base import Point, PointResult, RequestRecord, register_engine
-from .acceptance import Acceptance, rates_for
+from ..acceptance_rates import Acceptance, rates_for
 from .memory import build_pool
 from .step_time import build_step_model
 

@@ -72,7 +72,7 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
                              "run tree shapes on the simulator (engine=sim) or use draft=chain:K")
         num_spec = tree.num_drafts
         if cfg.get("synthetic_acceptance", True):
-            from ..sim.acceptance import rates_for
+            from ..acceptance_rates import rates_for
 
             rates = tuple(float(r) for r in rates_for(tree, cfg["acceptance"]))
     env_map = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()}

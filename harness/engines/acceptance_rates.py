@@ -1,4 +1,6 @@
-"""Acceptance model: how many drafts each verify step accepts, per request and step, from a seed.
+"""Synthetic acceptance rates, both engines': the simulator draws how many drafts each verify step accepts, per
+request and step, from a seed (:class:`Acceptance`); the vLLM engine hands the same rates to vLLM's synthetic
+rejection sampler (:func:`rates_for`). Not the acceptance-length gate (``harness/acceptance/``).
 
 ``rates[d]`` is the unconditional probability that the accepted path reaches draft depth ``d + 1``
 (non-increasing; vLLM's ``synthetic_acceptance_rates``). One uniform draw per request-step decides
