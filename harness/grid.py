@@ -155,8 +155,8 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     settings = cfg.get("workload") if isinstance(cfg.get("workload"), dict) else {}
     out = []
     for wname, wl in zip(names, workload_configs(names, settings)):
-        if (cfg.get("replay") or {}).get(wname):
-            wl = replayed(wl, cfg["replay"][wname], wname)
+        if (cfg.get("requests_from") or {}).get(wname):
+            wl = exported(wl, cfg["requests_from"][wname], wname)
         kind = (wl.get("arrival") or {}).get("kind", "closed")
         if kind == "trace":
             raise ValueError(f"workload={wname} with arrival.kind=trace: a sweep offers open-loop load at the rates "
@@ -255,11 +255,11 @@ def _nested(key: str, value: Any) -> dict[str, Any]:
     return node
 
 
-def replayed(wl: dict[str, Any], path: str, name: str) -> dict[str, Any]:
-    """``replay.<workload>=FILE``: the same requests from an export (``workloads export``), e.g. on a
+def exported(wl: dict[str, Any], path: str, name: str) -> dict[str, Any]:
+    """``requests_from.<workload>=FILE``: the same requests from an export (``workloads export``), e.g. on a
     host without the dataset; the point keeps the workload's name and says where they came from."""
     if not Path(path).expanduser().is_file():
-        raise ValueError(f"replay.{name}={path}: no such file; write it with `python -m harness workloads export "
-                         f"workload={name} out={path}` where the dataset is")
+        raise ValueError(f"requests_from.{name}={path}: no such file; write it with `python -m harness workloads "
+                         f"export workload={name} out={path}` where the dataset is")
     return {"source": "lengths", "path": str(path), "shuffle": False, "filters": None, "seed": wl.get("seed", 0),
-            "arrival": wl.get("arrival"), "num_requests": wl.get("num_requests"), "replay_of": wl}
+            "arrival": wl.get("arrival"), "num_requests": wl.get("num_requests"), "export_of": wl}

@@ -139,6 +139,7 @@ def export(cfg: DictConfig) -> int:
         for r in reqs:
             f.write(json.dumps({"prompt_len": r.prompt_len, "output_len": r.output_len, "category": r.category,
                                 "source_id": r.source_id}) + "\n")
-    print(f"wrote {len(reqs):,} requests to {out}; replay them with workload.source=lengths "
-          f"workload.path={out} workload.shuffle=false workload.filters=null")
+    print(f"wrote {len(reqs):,} requests to {out}; a sweep runs them as requests_from.<workload>={out}, a "
+          f"workload config as workload.source=lengths workload.path={out} workload.shuffle=false "
+          "workload.filters=null")
     return 0

