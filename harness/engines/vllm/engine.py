@@ -71,7 +71,7 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
             raise ValueError(f"draft={tree.label.removesuffix('+root')}: vLLM's MTP proposer drafts chains only; "
                              "run tree shapes on the simulator (engine=sim) or use draft=chain:K")
         num_spec = tree.num_drafts
-        if cfg.get("synthetic_acceptance", True):
+        if cfg["synthetic_acceptance"]:
             from ..acceptance_rates import rates_for
 
             rates = tuple(float(r) for r in rates_for(tree, cfg["acceptance"]))
@@ -94,9 +94,9 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
         gmu=None if cfg.get("kv_cache_bytes") else point.gmu,
         kv_cache_bytes=int(cfg["kv_cache_bytes"]) if cfg.get("kv_cache_bytes") else None,
         max_model_len=point.max_model_len, max_num_seqs=point.max_num_seqs,
-        max_num_batched_tokens=point.max_num_batched_tokens, load_format=cfg.get("load_format", "dummy"),
+        max_num_batched_tokens=point.max_num_batched_tokens, load_format=cfg["load_format"],
         dtype=point.model.dtype, ssm_cache_dtype=point.model.state_dtype,
-        enforce_eager=bool(cfg.get("enforce_eager", False)),
+        enforce_eager=bool(cfg["enforce_eager"]),
         cudagraph_mode=mode, max_cudagraph_capture_size=capture,
         language_model_only=point.model.architecture.endswith("ForConditionalGeneration"),
         gdn_prefill_backend=cfg.get("gdn_prefill_backend"), tensor_parallel_size=tp,
@@ -149,7 +149,7 @@ class VLLMEngine:
         self.starts += 1
         tag = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{self.starts}-{settings.strategy}"
         server = VLLMServer(settings, self.log_dir / f"vllm-{tag}.log", port=self.cfg.get("port"),
-                            startup_timeout_s=float(self.cfg.get("startup_timeout_s", 900)))
+                            startup_timeout_s=float(self.cfg["startup_timeout_s"]))
         what = (f"strategy={settings.strategy} k={settings.num_spec} "
                 + (f"kv_cache_bytes={settings.kv_cache_bytes}" if settings.kv_cache_bytes else f"gmu={settings.gmu}")
                 + f" max_num_seqs={settings.max_num_seqs}")
@@ -195,9 +195,9 @@ class VLLMEngine:
         warm = self._warm_up(server, point, vocab)
         log_at = _log_size(server.log_path)
         before = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
-        sampler = scrape.Sampler(server.url, float(self.cfg.get("metrics_hz", 4)))
+        sampler = scrape.Sampler(server.url, float(self.cfg["metrics_hz"]))
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
-                          seed=point.seed, request_timeout_s=float(self.cfg.get("request_timeout_s", 600)),
+                          seed=point.seed, request_timeout_s=float(self.cfg["request_timeout_s"]),
                           during=sampler.loop, watchdog=self._watchdog(server), progress=self._progress(point))
         if res.aborted:
             finished = sum(r.finish_s is not None for r in res.records)
@@ -210,7 +210,7 @@ class VLLMEngine:
         timeouts = sum(1 for r in res.records if (r.error or "").startswith("timeout"))
         if timeouts and not server.healthy():
             self._abandon(server, f"vLLM stopped answering: {timeouts} of {len(point.requests)} requests got no data "
-                                  f"for {self.cfg.get('request_timeout_s', 600)} s (engine.request_timeout_s) and "
+                                  f"for {self.cfg['request_timeout_s']} s (engine.request_timeout_s) and "
                                   "/health did not answer")
         after = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         diff = scrape.counter_diff(before, after)
@@ -228,9 +228,9 @@ class VLLMEngine:
 
     def _watchdog(self, server: VLLMServer):
         """Beside the load: the server's process and /health; a reason to stop the run, or never returns."""
-        every = float(self.cfg.get("health_every_s", 2.0))
-        timeout = float(self.cfg.get("health_timeout_s", 5.0))
-        allowed = int(self.cfg.get("health_failures", 3))
+        every = float(self.cfg["health_every_s"])
+        timeout = float(self.cfg["health_timeout_s"])
+        allowed = int(self.cfg["health_failures"])
 
         async def watch() -> str | None:
             import asyncio
@@ -264,7 +264,7 @@ class VLLMEngine:
 
     def _progress(self, point: Point):
         """A line on stderr every engine.progress_s seconds of a measured run: long points show life."""
-        every = float(self.cfg.get("progress_s", 30))
+        every = float(self.cfg["progress_s"])
         n, done, t0 = len(point.requests), [0], time.perf_counter()
         last = [t0]
         label = f"{point.strategy} {point.arrival.describe()}"
@@ -287,7 +287,7 @@ class VLLMEngine:
         On the H200 the first 64 requests of a c64 level waited 2.7 s for it against <= 0.65 s for the
         other 192 (results/h200-vllm-treewy-fused, warmed with 4 requests).
         """
-        n = int(self.cfg.get("warmup_requests", 4))
+        n = int(self.cfg["warmup_requests"])
         if n <= 0:
             return {"requests": 0}
         conc = min(point.arrival.max_concurrency or point.max_num_seqs, point.max_num_seqs)
@@ -297,7 +297,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         res = loadgen.run(server.url, server.served_name, reqs, Arrival(kind="closed", max_concurrency=conc),
                           vocab=vocab, seed=point.seed + 7919,
-                          request_timeout_s=float(self.cfg.get("request_timeout_s", 600)))
+                          request_timeout_s=float(self.cfg["request_timeout_s"]))
         errors = [r.error for r in res.records if r.error]
         if len(errors) == n:
             raise ServerFailed(f"every warm-up request failed (first: {errors[0]}); log {server.log_path}:\n"
@@ -316,7 +316,7 @@ class VLLMEngine:
         # the batch had room, count the requests whose TTFT exceeded engine.queued_threshold_s.
         waited = 0
         if samples["waiting_for_memory_s"] > 0:
-            th = float(self.cfg.get("queued_threshold_s", 1.0))
+            th = float(self.cfg["queued_threshold_s"])
             waited = sum(1 for r in res.records if r.first_token_s is not None and r.first_token_s - r.arrival_s > th)
         s = self.settings
         return {
