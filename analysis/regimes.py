@@ -15,13 +15,18 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Thresholds:
-    peak_kv_usage: float = 0.95          # fraction of the pool
-    preemptions: int = 1                 # at least this many
-    waited_fraction: float = 0.05        # of the point's requests waited for memory
+    """When a point is memory-bound: any one of these (values: conf/thresholds/memory_bound.yaml, recorded in
+    each sweep.json)."""
+    peak_kv_usage: float                 # fraction of the pool
+    preemptions: int                     # at least this many
+    waited_fraction: float               # of the point's requests waited for memory
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | None) -> "Thresholds":
-        return cls(**dict(cfg or {}))
+        if not cfg:
+            raise ValueError("no memory-bound thresholds: a sweep records them in sweep.json (conf/thresholds/); "
+                             "pass them (Thresholds(peak_kv_usage=0.95, preemptions=1, waited_fraction=0.05))")
+        return cls(**dict(cfg))
 
 
 def memory_bound(metrics: Mapping[str, Any], th: Thresholds) -> tuple[bool, str]:

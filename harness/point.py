@@ -106,8 +106,11 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
 
     from .engines.base import ENGINES
 
-    name, module = ecfg["name"], ecfg.get("module")
-    if module:                                  # the engine's module registers it (@register_engine)
+    # the engine's module registers it (@register_engine); a config without one (built in code, or stored before
+    # engines named their module) means the built-in engine of that name
+    name = ecfg["name"]
+    module = ecfg.get("module") or (f"harness.engines.{name}.engine" if name in ("sim", "vllm") else None)
+    if module:
         importlib.import_module(module)
     if name not in ENGINES:
         raise ValueError(f"engine={name}: no engine registers that name"

@@ -19,6 +19,19 @@ def _store(path: str) -> Store:
     return store
 
 
+def _analyze(store: Store, cfg: DictConfig) -> dict:
+    """``store``'s analysis under the thresholds its sweep.json records; a folder that records none (a `run`
+    before it recorded them) is classified with the config's (conf/thresholds/), said so."""
+    from analysis.regimes import Thresholds
+    from analysis.sweep import analyze
+
+    th = None
+    if not store.sweep_config().get("thresholds"):
+        th = Thresholds.from_config(OmegaConf.to_container(cfg.thresholds, resolve=True))
+        print(f"{store.root}: sweep.json records no memory-bound thresholds; using conf/thresholds/'s {th}")
+    return analyze(store, th)
+
+
 def run_one(cfg: DictConfig) -> int:
     """One point (the first of the composed grid) into ``out``, printed."""
     from .config import resolve_engine
@@ -34,19 +47,22 @@ def run_one(cfg: DictConfig) -> int:
 
     store = Store(c["out"] or "results/runs")
     store.points.mkdir(parents=True, exist_ok=True)
+    if not (store.root / "sweep.json").exists():     # what analysis reads: the baseline and the thresholds
+        store.init({"sweep_name": "run", "model": c["model"]["name"], "gpu": c["gpu"]["name"],
+                    "baseline": c["baseline"], "thresholds": c["thresholds"]})
     s = run_point(points[0], store)
     print(json.dumps({k: s.get(k) for k in ("point_id", "status", "reason", "metrics")}, indent=1, default=str))
     return 0 if s["status"] == "ok" else 1
 
 
 def analyze_cmd(cfg: DictConfig) -> int:
-    from analysis.sweep import analyze, write_analysis
+    from analysis.sweep import write_analysis
 
     from .console import console
     from .summary import print_summary
 
     store = _store(cfg.dir)
-    result = analyze(store)
+    result = _analyze(store, cfg)
     print_summary(result, console())
     print(f"wrote {write_analysis(store, result)}")
     return 0
@@ -65,18 +81,23 @@ def report_cmd(cfg: DictConfig) -> int:
             print(f"wrote {write_report(json.loads(p.read_text()), p.with_suffix('.html'))}")
         if found:
             return 0
-    out = build_report(_store(cfg.dir))
+    from analysis.sweep import write_analysis
+
+    store = _store(cfg.dir)
+    result = _analyze(store, cfg)
+    write_analysis(store, result)
+    out = build_report(store, result)
     print(f"wrote {out / 'report.html'} and {out / 'report.pdf'}")
     return 0
 
 
 def compare_cmd(cfg: DictConfig) -> int:
     """Two sweeps point by point (e.g. sim against vllm): metric ratios B / A and regime agreement."""
-    from analysis.sweep import analyze, memory_title
+    from analysis.sweep import memory_title
 
     from .console import console as make_console, table as make_table
 
-    a, b = analyze(_store(cfg.a)), analyze(_store(cfg.b))
+    a, b = _analyze(_store(cfg.a), cfg), _analyze(_store(cfg.b), cfg)
     key = lambda p: (p["workload"], p["memory"], p.get("load_kind", ""), p["load"], p["draft"], p["strategy"])  # noqa: E731
     pa = {key(p): p for p in a["points"] if p["status"] == "ok"}
     pb = {key(p): p for p in b["points"] if p["status"] == "ok"}

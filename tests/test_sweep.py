@@ -641,8 +641,12 @@ def test_concurrent_writers_keep_the_first_complete_point(tmp_path):
     (0.90, 0, 4, False, "never"),
 ])
 def test_memory_bound_classification(peak, preempt, waited, bound, reason):
+    """The classification under the configured thresholds (conf/thresholds/memory_bound.yaml: 95% peak KV, one
+    preemption, 5% of requests waiting)."""
+    from harness.config import compose
+
     metrics = {"peak_kv_usage": peak, "preemptions": preempt, "requests_waited_for_memory": waited, "requests": 100}
-    got, why = memory_bound(metrics, Thresholds())
+    got, why = memory_bound(metrics, Thresholds.from_config(compose("sweep", ["engine=sim"]).thresholds))
     assert got is bound and reason in why
 
 
@@ -704,7 +708,8 @@ def test_points_whose_decode_steps_passed_vllm_s_largest_graph_are_named(tmp_pat
     final = ROOT / "results" / "h200-kernel-speed" / "e2e" / "final" / "points"
     cap512 = {"PIECEWISE": {"graphs": 49, "largest": 512}, "FULL": {"graphs": 49, "largest": 512}}
     store = Store(tmp_path / "s")
-    store.init({"baseline": "store_all", "sweep_name": "t", "model": "qwen35_35b", "gpu": "h200"})
+    store.init({"baseline": "store_all", "sweep_name": "t", "model": "qwen35_35b", "gpu": "h200",
+                "thresholds": {"peak_kv_usage": 0.95, "preemptions": 1, "waited_fraction": 0.05}})
     encoder = {"ENCODER": {"graphs": 3, "largest": 16384}}            # vLLM's vision graphs: not the decoder's
     picks = {"sharegpt-gmu0.9-c256-chain3-treewy": {**cap512, **encoder},  # 256 running x 4 tokens = 1024 > 512
              "sharegpt-gmu0.9-c256-chain3-store_all": {**cap512, "PIECEWISE": {"graphs": 145, "largest": 2048}},
@@ -826,7 +831,8 @@ def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_n
     from reports import build, figures
 
     store = Store(tmp_path / "s")
-    store.init({"baseline": "store_all"})
+    store.init({"baseline": "store_all",
+                "thresholds": {"peak_kv_usage": 0.95, "preemptions": 1, "waited_fraction": 0.05}})
     for mib, tput in ((32, 100.0), (64, 300.0)):
         for strategy, factor in (("store_all", 1.0), ("treewy", 2.0)):
             cfg = {"workload_name": "sharegpt", "gmu": 0.9, "load": {"kind": "closed", "concurrency": 8},
