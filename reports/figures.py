@@ -223,9 +223,7 @@ def spec_memory_vs_tree(inp: Inputs) -> plt.Figure | None:
         xs, ys = [], []
         for w in shapes:
             tree = DraftTree.from_widths(w, root=True)
-            strat = strategies.configured(name)          # its own defaults; a ring one step overflows is grown
-            if strat.buffer_needed(tree) > getattr(strat, "buffer_len", 0):
-                strat = strategies.configured(name, buffer_len=strat.buffer_needed(tree))
+            strat = strategies.configured(name).fitting(tree)   # its own defaults; a ring one step overflows grown
             if not strat.supports_trees and not tree.is_chain:
                 continue
             xs.append(tree.num_drafts)

@@ -100,6 +100,11 @@ class Strategy(ABC):
         """Fewest buffered tokens a verify of ``tree`` needs (0: the strategy keeps no buffer)."""
         return 0
 
+    def fitting(self, tree: DraftTree) -> "Strategy":
+        """This strategy, or one like it whose buffer holds a verify of ``tree`` where one step would overflow
+        this one's (for tables and benchmarks that show every draft shape)."""
+        return self
+
     # -- what each strategy fills in ----------------------------------------
     @abstractmethod
     def _base(self, carry: Any) -> torch.Tensor:

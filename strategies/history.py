@@ -117,6 +117,10 @@ class DeferredFlush(Strategy):
             raise ValueError(f"buffer_len={buffer_len}: must be >= 1 token")
         self.buffer_len = int(buffer_len)
 
+    def fitting(self, tree) -> "DeferredFlush":
+        need = self.buffer_needed(tree)
+        return self if need <= self.buffer_len else type(self)(buffer_len=need)
+
     def step_traffic(self, tree, state_bytes, token_stash_bytes, mean_tokens) -> float:
         # the checkpoint read, a flush (one state written) every buffer_len / mean_tokens steps, the buffer and the
         # verified nodes' stash

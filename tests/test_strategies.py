@@ -231,6 +231,21 @@ def test_buffer_too_small_for_the_step():
         strat.verify(strat.start(state), q, k, v, g, beta, tree)
 
 
+def test_fitting_grows_only_a_buffer_one_step_would_overflow():
+    """What the memory figure and bench strategies use to show every draft shape: a deferred strategy whose ring
+    is too short for a step gets one that holds it (and then verifies it), any other strategy is itself."""
+    tree = DraftTree.chain(20)
+    short = strategies.get("replay")
+    grown = short.fitting(tree)
+    assert grown is not short and grown.buffer_len == short.buffer_needed(tree) > short.buffer_len
+    state, q, k, v, g, beta = _args(tree)
+    grown.verify(grown.start(state), q, k, v, g, beta, tree)             # the step that overflowed now fits
+    roomy = strategies.get("treewy_deferred", buffer_len=64)
+    assert roomy.fitting(tree) is roomy
+    treewy = strategies.get("treewy")
+    assert treewy.fitting(tree) is treewy
+
+
 def test_unknown_strategy_and_bad_options():
     with pytest.raises(ValueError, match="strategy='nope': unknown; choose one of store_all, replay"):
         strategies.get("nope")

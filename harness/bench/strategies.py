@@ -75,9 +75,7 @@ def bench_draft(cfg: DictConfig, spec: Any, shape: GDNShape, state_dtype: str) -
              for _ in range(int(cfg.steps))]
     runs: dict[str, Any] = {}
     for name in strategies.names():
-        strat = strategy_configs.configured(cfg, name)
-        if strat.buffer_needed(tree) > getattr(strat, "buffer_len", 0):   # a buffer one step would overflow: grown
-            strat = strategies.configured(name, buffer_len=strat.buffer_needed(tree))
+        strat = strategy_configs.configured(cfg, name).fitting(tree)   # a buffer one step would overflow: grown
         opts = {k: getattr(strat, k) for k in strat.options}
         if strat.supports_trees or tree.is_chain:
             runs[name] = (strat, opts)
