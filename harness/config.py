@@ -79,6 +79,19 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
     return cfg
 
 
+def import_named(module: str, where: str) -> None:
+    """Imports ``module``, which a config (``where``, e.g. ``conf/strategies/x.yaml``) names so that what it defines
+    registers itself (a strategy, an engine, a report figure); a module that does not import is an error naming
+    the config and the fix."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{where}: module {module} does not import ({type(e).__name__}: {e}); put it on "
+                         "PYTHONPATH or fix the name") from None
+
+
 def engine_config(name: str) -> dict[str, Any]:
     """``conf/engine/<name>.yaml`` as a composed engine (its defaults included: the acceptance table of
     ``conf/acceptance/``), for code that needs an engine's settings outside a composed run config."""

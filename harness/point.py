@@ -102,8 +102,7 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
         if log_dir is not None and hasattr(engine, "log_dir"):
             engine.log_dir = Path(log_dir)
         return engine
-    import importlib
-
+    from .config import import_named
     from .engines.base import ENGINES
 
     # the engine's module registers it (@register_engine); a config without one (built in code, or stored before
@@ -111,7 +110,7 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
     name = ecfg["name"]
     module = ecfg.get("module") or (f"harness.engines.{name}.engine" if name in ("sim", "vllm") else None)
     if module:
-        importlib.import_module(module)
+        import_named(module, f"engine={name} (conf/engine/{name}.yaml)")
     if name not in ENGINES:
         raise ValueError(f"engine={name}: no engine registers that name"
                          f"{f' (module {module} registers none)' if module else ''}; conf/engine/{name}.yaml "

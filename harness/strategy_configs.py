@@ -13,7 +13,6 @@ overrides it with ``strategies.<name>.<key>=VALUE``.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,7 +20,7 @@ from omegaconf import OmegaConf
 
 import strategies
 
-from .config import conf_dir
+from .config import conf_dir, import_named
 
 _LOADED: dict[Path, dict[str, dict[str, Any]]] = {}
 
@@ -43,15 +42,11 @@ def _load(path: Path) -> dict[str, Any]:
         extra = f"; unknown keys {', '.join(unknown)}" if unknown else ""
         raise ValueError(f"{rel}: a strategy's config holds `module:` (the Python module that registers "
                          f"{name}) and `options:` (a mapping){extra}")
-    try:
-        importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"{rel}: module {module} does not import ({type(e).__name__}: {e}); put it on PYTHONPATH "
-                         "or fix the name") from None
+    import_named(module, rel)
     if name not in strategies.names():
         raise ValueError(f"{rel}: module {module} registers no strategy named {name} (it has "
                          f"{', '.join(strategies.names())}); decorate its class with @strategies.register({name!r})")
-    takes = strategies.base._REGISTRY[name].options
+    takes = strategies.get(name).options
     bad = sorted(set(opts) - set(takes))
     if bad:
         raise ValueError(f"{rel}: options {', '.join(bad)}: {name} takes "
@@ -72,7 +67,7 @@ def resolved(overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
         _, name, opt = parts
         if name not in out:
             raise ValueError(f"{text}: no strategy {name} in conf/strategies/; choose one of {', '.join(sorted(out))}")
-        takes = strategies.base._REGISTRY[name].options
+        takes = strategies.get(name).options
         if opt not in takes:
             keys = ", ".join(f"strategies.{name}.{t}" for t in takes) or "no options"
             raise ValueError(f"{text}: {name} takes {keys}")

@@ -50,22 +50,16 @@ def paper_figures() -> list[str]:
 
 def load_figures() -> None:
     """Imports the module each ``conf/figures/<name>.yaml`` names, so its figures register themselves."""
-    import importlib
-
     from omegaconf import OmegaConf
 
-    from harness.config import conf_dir
+    from harness.config import conf_dir, import_named
 
     for path in sorted((conf_dir() / "figures").glob("*.yaml")):
         module = (OmegaConf.load(path) or {}).get("module")
         if not isinstance(module, str):
             raise ValueError(f"conf/figures/{path.name}: needs `module:`, the Python module whose "
                              "@reports.figures.figure functions it adds")
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ValueError(f"conf/figures/{path.name}: module {module} does not import ({type(e).__name__}: "
-                             f"{e}); put it on PYTHONPATH or fix the name") from None
+        import_named(module, f"conf/figures/{path.name}")
 
 
 def make_figures(store, result) -> list[tuple[str, Any]]:
