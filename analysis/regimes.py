@@ -24,8 +24,8 @@ class Thresholds:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | None) -> "Thresholds":
         if not cfg:
-            raise ValueError("no memory-bound thresholds: a sweep records them in sweep.json (conf/thresholds/); "
-                             "pass them (Thresholds(peak_kv_usage=0.95, preemptions=1, waited_fraction=0.05))")
+            raise ValueError("no memory-bound thresholds: a sweep records them in sweep.json; pass them "
+                             "(conf/thresholds/memory_bound.yaml's, or analyze(store, thresholds))")
         return cls(**dict(cfg))
 
 

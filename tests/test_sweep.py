@@ -21,6 +21,7 @@ from harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["sweep=quick", "gpu=h200", "engine=sim"]
+THRESHOLDS = yaml.safe_load((ROOT / "conf" / "thresholds" / "memory_bound.yaml").read_text())   # what sweeps record
 
 
 def harness(*args, timeout=600, **kw):
@@ -709,7 +710,7 @@ def test_points_whose_decode_steps_passed_vllm_s_largest_graph_are_named(tmp_pat
     cap512 = {"PIECEWISE": {"graphs": 49, "largest": 512}, "FULL": {"graphs": 49, "largest": 512}}
     store = Store(tmp_path / "s")
     store.init({"baseline": "store_all", "sweep_name": "t", "model": "qwen35_35b", "gpu": "h200",
-                "thresholds": {"peak_kv_usage": 0.95, "preemptions": 1, "waited_fraction": 0.05}})
+                "thresholds": THRESHOLDS})
     encoder = {"ENCODER": {"graphs": 3, "largest": 16384}}            # vLLM's vision graphs: not the decoder's
     picks = {"sharegpt-gmu0.9-c256-chain3-treewy": {**cap512, **encoder},  # 256 running x 4 tokens = 1024 > 512
              "sharegpt-gmu0.9-c256-chain3-store_all": {**cap512, "PIECEWISE": {"graphs": 145, "largest": 2048}},
@@ -832,7 +833,7 @@ def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_n
 
     store = Store(tmp_path / "s")
     store.init({"baseline": "store_all",
-                "thresholds": {"peak_kv_usage": 0.95, "preemptions": 1, "waited_fraction": 0.05}})
+                "thresholds": THRESHOLDS})
     for mib, tput in ((32, 100.0), (64, 300.0)):
         for strategy, factor in (("store_all", 1.0), ("treewy", 2.0)):
             cfg = {"workload_name": "sharegpt", "gmu": 0.9, "load": {"kind": "closed", "concurrency": 8},
