@@ -295,7 +295,10 @@ def _smoke(cfg: DictConfig) -> DictConfig:
 
 
 def _ring(cfg: DictConfig, name: str) -> float:
-    """Tokens strategy ``name``'s ring holds in this run (inf: it keeps none)."""
+    """Tokens strategy ``name``'s ring holds in this run (inf: it keeps none, as vLLM's own kernel,
+    the layer section's ``vllm_store_all`` row, which is no strategy of the registry)."""
+    if name == "vllm_store_all":
+        return float("inf")
     return float(strategy_configs.of(cfg, name).get("buffer_len") or float("inf"))
 
 
