@@ -15,7 +15,7 @@ for spec in "${specs[@]}"; do
   set -- $spec
   timeout 90 python3 results/h200-kernel-speed/device/launch_cost.py --strategy $1 --batch $2 \
     --out $OUT/launch/launch-$1-b$2.json > $OUT/launch/launch-$1-b$2.log 2>&1
-  echo "[$(( $(date +%s) - T0 ))s] launch $1 b$2 rc=$?"; cat $OUT/launch/launch-$1-b$2.log | tail -7
+  rc=$?; echo "[$(( $(date +%s) - T0 ))s] launch $1 b$2 rc=$rc"; cat $OUT/launch/launch-$1-b$2.log | tail -7
 done
 [ "${SHADOW:-1}" = 1 ] && bash results/h200-kernel-speed/shadow-3c14ee8/shadow.sh
 echo "[$(( $(date +%s) - T0 ))s] shadow done"

@@ -15,6 +15,15 @@ T0=${CALL_T0:-$(date +%s)}
 LIMIT=${CALL_LIMIT:-600}
 case "$T0$LIMIT" in *[!0-9]*) echo "iterlog.sh: CALL_T0=$T0 and CALL_LIMIT=$LIMIT must be whole seconds" >&2; exit 2;; esac
 source results/h200-kernel-speed/device/env.sh
+# the host around each sweep: the second server of a call ran its host-paced steps 1.2-1.5x slower than the
+# first, in either order (../e2e/layer-clock-eager2/); this says whether the first one's processes were still
+# there, the CPUs busy or clocked down
+host_state() {
+  date -u; uptime
+  awk '/MHz/ {s += $4; n++} END {if (n) printf "cpu MHz mean %.0f over %d\n", s / n, n}' /proc/cpuinfo
+  ps -eo pid,ppid,pcpu,rss,etime,comm --sort=-pcpu | head -12
+  nvidia-smi --query-gpu=memory.used,utilization.gpu,clocks.sm,temperature.gpu --format=csv,noheader 2>&1
+}
 D="/tmp/iterlog-$NAME"
 bash results/h200-kernel-speed/device/cache.sh restore
 n=0
@@ -23,6 +32,7 @@ for grid in "$@"; do
   BUDGET=$(( LIMIT - 45 - ($(date +%s) - T0) ))   # the tar and stopping the server after the last sweep
   if [ "$BUDGET" -lt 120 ]; then echo "only $BUDGET s left: grid $n ($grid) skipped"; continue; fi
   read -ra overrides <<< "$grid"
+  mkdir -p "$D"; host_state > "$D/host-g$n-before.txt"
   if [ "${STEPCLOCK:-0}" = 1 ]; then
     export PYTHONPATH="$PWD/results/h200-kernel-speed/device/stepclock:$PYTHONPATH" COMMITBENCH_STEPCLOCK="$D/stepclock-g$n"
   fi
@@ -30,7 +40,8 @@ for grid in "$@"; do
      'draft=[chain:3]' anchor=null report=false time_budget_s=$BUDGET \
      "engine.extra_args=[--enable-logging-iteration-details]" "${overrides[@]}" "out=$D/g$n" \
      > "$OUT/iterlog-$NAME-$n.log" 2>&1
-  echo "[$(( $(date +%s) - T0 ))s] grid $n ($grid): rc=$?"; tail -6 "$OUT/iterlog-$NAME-$n.log"
+  rc=$?; host_state > "$D/host-g$n-after.txt"
+  echo "[$(( $(date +%s) - T0 ))s] grid $n ($grid): rc=$rc"; tail -6 "$OUT/iterlog-$NAME-$n.log"
 done
 [ -d "$D" ] && tar czf "$OUT/iterlog-$NAME.tgz" -C /tmp "iterlog-$NAME"
 echo "[$(( $(date +%s) - T0 ))s] done"

@@ -33,7 +33,7 @@ for S in ${STRATEGIES:-store_all}; do
       --acceptance-rates 0.90,0.75,0.59 --gmu 0.9 --max-num-seqs "$B" --prompts "$B" --prompt-len 256 \
       --output-len 384 --warmup 8 "${mode[@]}" --profile-dir "$P" --profile-delay "${PROFILE_DELAY:-40}" \
       --profile-steps "${PROFILE_STEPS:-10}" --out "$OUT/profile-$S-b$B.json" > "$OUT/profile-$S-b$B.log" 2>&1
-    echo "[$(( $(date +%s) - T0 ))s] $S b$B rc=$?"
+    rc=$?; echo "[$(( $(date +%s) - T0 ))s] $S b$B rc=$rc"
     for t in "$P"/*profiler_out*.txt; do [ -e "$t" ] && cp "$t" "$OUT/profile-$S-b$B-table.txt"; done
   done
 done
