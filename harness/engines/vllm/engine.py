@@ -36,9 +36,9 @@ import numpy as np
 from workloads import Arrival, Request
 
 from ..base import Point, PointResult, register_engine
-from . import loadgen, scrape
+from . import host_cpu, loadgen, scrape
 from .plugin import ENV_KERNELS, needs_piecewise
-from .server import ServerFailed, ServerSettings, VLLMServer
+from .server import ServerFailed, ServerSettings, VLLMServer, tagged_processes
 
 DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commitbench" / "models"
 
@@ -129,6 +129,8 @@ def _get(url: str, timeout: float = 5.0) -> str:
 
 @register_engine("vllm")
 class VLLMEngine:
+    """Runs points on a real vLLM server: starts one per :class:`ServerSettings`, waits for its health, drives it
+    over HTTP, scrapes ``/metrics``, and stops it (also when a point fails)."""
 
     def __init__(self, cfg: Mapping[str, Any], log_dir: Path | None = None):
         self.cfg = dict(cfg)
@@ -196,9 +198,11 @@ class VLLMEngine:
         log_at = _log_size(server.log_path)
         before = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         sampler = scrape.Sampler(server.url, float(self.cfg["metrics_hz"]))
+        host_before = host_cpu.snapshot(_other_servers(server))
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
                           seed=point.seed, request_timeout_s=float(self.cfg["request_timeout_s"]),
                           during=sampler.loop, watchdog=self._watchdog(server), progress=self._progress(point))
+        host = host_cpu.window(host_before, host_cpu.snapshot())
         if res.aborted:
             finished = sum(r.finish_s is not None for r in res.records)
             self._abandon(server, f"{res.aborted}; {finished} of {len(point.requests)} requests had finished")
@@ -224,7 +228,7 @@ class VLLMEngine:
             raise ServerFailed(f"prefix caching served {hits:.0f} cached tokens during the run although it should "
                                "be off; results would not measure the KV pool")
         return PointResult(engine="vllm", requests=res.records, telemetry=self._telemetry(point, res, sampler, diff,
-                                                                                          warm, jit))
+                                                                                          warm, jit, host))
 
     def _watchdog(self, server: VLLMServer):
         """Beside the load: the server's process and /health; a reason to stop the run, or never returns."""
@@ -305,7 +309,7 @@ class VLLMEngine:
         return {"requests": n, "seconds": time.perf_counter() - t0, "errors": len(errors)}
 
     def _telemetry(self, point: Point, res: loadgen.LoadResult, sampler: scrape.Sampler, diff: dict[str, Any],
-                   warm: dict[str, Any], jit: dict[str, int]) -> dict[str, Any]:
+                   warm: dict[str, Any], jit: dict[str, int], host: dict[str, Any] | None) -> dict[str, Any]:
         st = self.startup
         info = st.get("cache_config", {})
         num_blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks", "None") not in ("None", "") else None
@@ -356,6 +360,8 @@ class VLLMEngine:
             # Triton kernels vLLM's JIT monitor saw compiled inside the measured run ({} = none): the warm-up
             # did not cover a specialisation, and the point's timings include the compile.
             "jit_compiles_during_run": jit,
+            # the host's CPUs over the measured run (host_cpu.py says why a vLLM point records them)
+            "host": host,
             "duration_s": res.duration_s,
             # The measured run on time.time() (s since the epoch): where a clock in the server (the H200
             # probes' step clock) finds the point's steps; provenance.time_utc is whole seconds, after analysis.
@@ -403,3 +409,11 @@ def _gdn_commit(strategy: str, env: dict[str, str], device: str, log: str | None
     else:
         code = "torch reference (strategies/paged)"
     return code + " (inferred from the settings: the server's log does not say)"
+
+
+def _other_servers(server: VLLMServer) -> int | None:
+    """Live processes of vLLM servers other than ``server`` (a stopped server's leftovers, or another
+    harness's), by the tag every server's processes inherit; None off Linux."""
+    if not Path("/proc").is_dir():
+        return None
+    return len(set(tagged_processes("commitbench-")) - set(tagged_processes(server.served_name)))
