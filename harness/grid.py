@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 import strategies
 
 from . import strategy_configs
-from .config import compose, conf_dir, engine_config, parse_draft, resolve_engine
+from .config import compose, conf_dir, engine_class, engine_config, parse_draft, resolve_engine
 
 AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft")
 ALIASES = {"workload": "workloads", "strategies": "strategy", "drafts": "draft"}
@@ -114,6 +114,13 @@ def validate(cfg: dict[str, Any]) -> None:
     for s in as_list(cfg.get("strategy")):
         if s not in strategies.names():
             raise ValueError(f"strategy={s}: unknown; choose from {', '.join(strategies.names())}")
+    ecfg = cfg.get("engine")
+    if ecfg is not None and ecfg.get("name") not in (None, "auto"):
+        why_not = getattr(engine_class(ecfg), "runs_strategy", None)
+        for s in as_list(cfg.get("strategy")):
+            reason = why_not(s) if why_not else None
+            if reason:
+                raise ValueError(f"strategy={s} with engine={ecfg['name']}: {reason}")
     for c in as_list(cfg.get("concurrency")):
         if not isinstance(c, int) or c < 1:
             raise ValueError(f"concurrency={c}: must be a whole number >= 1")

@@ -48,11 +48,12 @@ def point_id(cfg: dict[str, Any]) -> str:
 
 
 def arrival_of(cfg: dict[str, Any]) -> workloads.Arrival:
-    load, seed = cfg["load"], cfg.get("seed", 0)
+    load, seed = cfg["load"], int(cfg["seed"])
     if load["kind"] == "closed":
         return workloads.Arrival(kind="closed", max_concurrency=int(load["concurrency"]), seed=seed)
-    return workloads.Arrival(kind=load["kind"], rate=float(load["rate"]),
-                             burstiness=float(load.get("burstiness", 1.0)), seed=seed)
+    # the grid gives an open load its workload's burstiness (harness.grid.expand)
+    return workloads.Arrival(kind=load["kind"], rate=float(load["rate"]), burstiness=float(load["burstiness"]),
+                             seed=seed)
 
 
 def build_point(cfg: dict[str, Any]) -> Point:
@@ -66,7 +67,7 @@ def build_point(cfg: dict[str, Any]) -> Point:
     return Point(model=ModelSpec.from_config(cfg["model"]), gpu=GPUSpec.from_config(cfg["gpu"]),
                  strategy=cfg["strategy"], tree=tree, requests=tuple(reqs), arrival=arrival, gmu=float(cfg["gmu"]),
                  max_num_seqs=int(cfg["max_num_seqs"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
-                 max_model_len=int(cfg["max_model_len"]), seed=int(cfg.get("seed", 0)),
+                 max_model_len=int(cfg["max_model_len"]), seed=int(cfg["seed"]),
                  strategy_options=dict(cfg.get("strategy_options") or {}))
 
 
@@ -102,20 +103,9 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
         if log_dir is not None and hasattr(engine, "log_dir"):
             engine.log_dir = Path(log_dir)
         return engine
-    from .config import import_named
-    from .engines.base import ENGINES
+    from .config import engine_class
 
-    # the engine's module registers it (@register_engine); a config without one (built in code, or stored before
-    # engines named their module) means the built-in engine of that name
-    name = ecfg["name"]
-    module = ecfg.get("module") or (f"harness.engines.{name}.engine" if name in ("sim", "vllm") else None)
-    if module:
-        import_named(module, f"engine={name} (conf/engine/{name}.yaml)")
-    if name not in ENGINES:
-        raise ValueError(f"engine={name}: no engine registers that name"
-                         f"{f' (module {module} registers none)' if module else ''}; conf/engine/{name}.yaml "
-                         "names the module that does (module:), or choose sim, vllm or auto")
-    engine = ENGINES[name](ecfg, log_dir=log_dir)
+    engine = engine_class(ecfg)(ecfg, log_dir=log_dir)
     _ENGINES[key] = engine
     return engine
 

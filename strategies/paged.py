@@ -35,7 +35,7 @@ from functools import cached_property
 import torch
 
 from . import history
-from .base import Verified, get, names
+from .base import Verified, get
 from .history import History
 from .inputs import StepShape
 from .tree import DraftTree
@@ -43,6 +43,9 @@ from .tree import DraftTree
 HEADER = 4
 STAGED, HISTORY, FLUSHES = 0, 1, 2
 DEFERRED = ("replay", "treewy_deferred")
+# The strategies with a paged stash layout, so vLLM can run them (store_all is vLLM's own path): the torch reference
+# here and the Triton op (strategies/kernels/paged.py) implement exactly these.
+PAGED = ("treewy", *DEFERRED)
 BACKENDS = ("auto", "torch", "triton")
 ALGOS = ("recurrence", "gluon")         # the Triton op's arithmetic (strategies.kernels.paged.ALGOS)
 #: Value tile and warps per algorithm, the H200's picks at batch 256, k = 3 (results/h200-kernel-speed):
@@ -78,9 +81,8 @@ class StashLayout:
     buffer_len: int = history.DEFAULT_BUFFER_LEN
 
     def __post_init__(self) -> None:
-        if self.strategy not in names() or self.strategy == "store_all":
-            raise ValueError(f"strategy={self.strategy!r}: a paged stash exists for "
-                             f"{', '.join(n for n in names() if n != 'store_all')}")
+        if self.strategy not in PAGED:
+            raise ValueError(f"strategy={self.strategy!r}: a paged stash exists for {', '.join(PAGED)}")
         if self.num_spec < 1:
             raise ValueError(f"num_speculative_tokens={self.num_spec}: strategy={self.strategy} needs "
                              "speculative decoding (k >= 1)")

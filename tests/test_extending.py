@@ -94,6 +94,19 @@ def test_a_throwaway_strategy_runs_through_memory_the_simulator_the_bench_and_th
     assert "toy_snapshots" in gate.stdout and "FAIL" not in gate.stdout
 
 
+def test_the_vllm_engine_refuses_a_strategy_without_a_paged_layout_before_the_first_point(extended):
+    """vLLM runs what the plugin has a paged stash for; a registered strategy without one is named, with where it
+    does run, before any server starts (exit 2, nothing written)."""
+    tmp, env = extended
+    out = tmp / "vllm"
+    run = subprocess.run([sys.executable, "-m", "harness", "sweep", "sweep=quick", "engine=vllm",
+                          "strategy=[store_all,toy_snapshots]", f"out={out}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "strategy=toy_snapshots with engine=vllm" in run.stderr and "engine=sim" in run.stderr
+    assert not (out / "points").exists()
+
+
 def test_a_strategy_config_that_registers_nothing_is_refused_naming_the_file(extended):
     tmp, env = extended
     (tmp / "conf" / "strategies" / "toy_snapshots.yaml").write_text("module: json\noptions: {}\n")

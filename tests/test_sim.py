@@ -27,11 +27,16 @@ M35 = load_model("qwen35_35b")
 CHAIN3 = DraftTree.chain(3, root=True)
 
 
+# a sweep's engine limits (conf/sweep/default.yaml)
+LIMITS = {k: yaml.safe_load((ROOT / "conf" / "sweep" / "default.yaml").read_text())[k]
+          for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "seed")}
+
+
 def point(strategy="store_all", tree=CHAIN3, n=500, c=16, prompt=1024, out=256, gmu=0.6, model=M35, gpu=H200,
           **kw) -> Point:
     return Point(model=model, gpu=gpu, strategy=strategy, tree=tree,
                  requests=tuple(Request(prompt, out) for _ in range(n)),
-                 arrival=kw.pop("arrival", Arrival(kind="closed", max_concurrency=c)), gmu=gmu, **kw)
+                 arrival=kw.pop("arrival", Arrival(kind="closed", max_concurrency=c)), gmu=gmu, **{**LIMITS, **kw})
 
 
 def run(*a, cfg=CFG, **kw):
@@ -138,7 +143,7 @@ def test_open_loop_below_capacity_keeps_up():
     t = Arrival(kind="poisson", rate=rate, seed=1).offsets(400)
     reqs = tuple(Request(256, 64, arrival_s=float(x)) for x in t)
     res = SimEngine(CFG).run(Point(model=M35, gpu=H200, strategy="treewy", tree=CHAIN3, requests=reqs,
-                                   arrival=Arrival(kind="poisson", rate=rate), gmu=0.9))
+                                   arrival=Arrival(kind="poisson", rate=rate), gmu=0.9, **LIMITS))
     m = point_metrics(res.requests, res.telemetry)
     assert m["request_throughput"] == pytest.approx(rate, rel=0.1)
     assert m["preemptions"] == 0

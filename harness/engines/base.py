@@ -39,7 +39,8 @@ class GPUSpec:
 
 @dataclass(frozen=True)
 class Point:
-    """Everything one run needs, fully resolved."""
+    """Everything one run needs, fully resolved. Its values come from the composed config (``conf/``; built by
+    ``harness.point.build_point``): no field repeats a setting as a default, only "absent" has one."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -47,11 +48,11 @@ class Point:
     tree: DraftTree | None          # None: no speculation
     requests: tuple[Request, ...]
     arrival: Arrival
-    gmu: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 4096
-    seed: int = 0
+    gmu: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    seed: int
     kv_cache_bytes: int | None = None   # the KV pool's size outright (vLLM's kv_cache_memory_bytes; CPU)
     strategy_options: Mapping[str, Any] = field(default_factory=dict)   # its run options (conf/strategies/)
 
@@ -91,6 +92,10 @@ class Engine(Protocol):
     name: str
 
     def run(self, point: Point) -> PointResult: ...
+
+    # Optional, a classmethod: ``runs_strategy(name) -> str | None``, why this engine cannot run the registered
+    # strategy ``name`` (None: it can). harness.grid.validate asks it before the first point; an engine without
+    # it runs every registered strategy.
 
 
 #: name -> engine class, filled by :func:`register_engine` when the module ``conf/engine/<name>.yaml``'s

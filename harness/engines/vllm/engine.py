@@ -37,7 +37,7 @@ from workloads import Arrival, Request
 
 from ..base import Point, PointResult, register_engine
 from . import host_cpu, loadgen, scrape
-from .plugin import ENV_KERNELS, needs_piecewise
+from .plugin import ENV_KERNELS, STRATEGIES, needs_piecewise
 from .server import ServerFailed, ServerSettings, VLLMServer, tagged_processes
 
 DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commitbench" / "models"
@@ -131,6 +131,16 @@ def _get(url: str, timeout: float = 5.0) -> str:
 class VLLMEngine:
     """Runs points on a real vLLM server: starts one per :class:`ServerSettings`, waits for its health, drives it
     over HTTP, scrapes ``/metrics``, and stops it (also when a point fails)."""
+
+    @classmethod
+    def runs_strategy(cls, name: str) -> str | None:
+        """Why vLLM cannot run the registered strategy ``name`` (None: it can): the plugin runs vLLM's own
+        store_all and the strategies with a paged stash layout in vLLM's state pool."""
+        if name in STRATEGIES:
+            return None
+        return (f"vLLM runs {', '.join(STRATEGIES)} (the plugin needs a paged stash layout in vLLM's state pool, "
+                f"strategies/paged.py, which {name} does not have); run it with engine=sim, or in `memory`, "
+                "`bench strategies` and the acceptance gate")
 
     def __init__(self, cfg: Mapping[str, Any], log_dir: Path | None = None):
         self.cfg = dict(cfg)

@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from strategies.history import DEFAULT_BUFFER_LEN
+from strategies.paged import PAGED
 
 from .always_on import install_random_loader, install_synthetic_fallback
 from .draft_probe import ENV_PROBE, Probe, install_draft_probe
@@ -80,7 +81,8 @@ ENV_BLOCK_V, ENV_NUM_WARPS = "COMMITBENCH_BLOCK_V", "COMMITBENCH_NUM_WARPS"
 ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
 # How the Triton op's kernels are launched (strategies.kernels.paged.LAUNCHES: direct, jit).
 ENV_LAUNCH = "COMMITBENCH_PAGED_LAUNCH"
-STRATEGIES = ("store_all", "replay", "treewy", "treewy_deferred")
+# What the plugin runs: vLLM's own store_all, and the strategies with a paged stash layout (strategies/paged.py)
+STRATEGIES = ("store_all", *PAGED)
 
 log = logging.getLogger("commitbench.plugin")
 _installed: set[str] = set()

@@ -58,35 +58,37 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What makes two servers different (a point with the same settings reuses the running one)."""
+    """What makes two servers different (a point with the same settings reuses the running one). Every field is
+    given by ``harness.engines.vllm.engine.settings_for`` from the point and ``conf/engine/vllm.yaml``: none
+    repeats a setting as a default."""
 
     model_dir: str
-    strategy: str = "store_all"
-    buffer_len: int | None = None   # a deferred strategy's ring, tokens (conf/strategies/); None: the plugin's
-    num_spec: int = 3
-    acceptance_rates: tuple[float, ...] = ()
-    gmu: float | None = 0.9
-    kv_cache_bytes: int | None = None
-    max_model_len: int = 4096
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = 8192
-    load_format: str = "dummy"
-    dtype: str = "bfloat16"
+    strategy: str
+    buffer_len: int | None   # a deferred strategy's ring, tokens (conf/strategies/); None: the plugin's
+    num_spec: int
+    acceptance_rates: tuple[float, ...]
+    gmu: float | None
+    kv_cache_bytes: int | None
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    load_format: str
+    dtype: str
     # The GDN state's dtype from the model's spec: vLLM applies a config's mamba_ssm_dtype to Qwen3.5
     # architectures only, so a Qwen3-Next would otherwise keep its states in bf16.
-    ssm_cache_dtype: str | None = None
-    enforce_eager: bool = False
-    cudagraph_mode: str | None = None          # None: vLLM's default (the plugin's op is graph-safe)
+    ssm_cache_dtype: str | None
+    enforce_eager: bool
+    cudagraph_mode: str | None   # None: vLLM's default (the plugin's op is graph-safe)
     # About the largest step (tokens) vLLM captures a CUDA graph for (it truncates to its size grid and to
     # max_num_batched_tokens; the log says what it captured); a step past it runs without graphs. None: vLLM's
     # default, min(2 x max_num_seqs x (1 + k), 512) in 0.26, which a decode step of 129+ requests at k=3 or a
     # mixed step at ~100 already passes.
-    max_cudagraph_capture_size: int | None = None
-    language_model_only: bool = False          # Qwen3.5 checkpoints are multimodal: skip the vision tower
-    gdn_prefill_backend: str | None = None     # "triton" on Hopper with vLLM 0.26 (no FlashInfer staged)
-    tensor_parallel_size: int = 1
-    extra_args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    max_cudagraph_capture_size: int | None
+    language_model_only: bool   # Qwen3.5 checkpoints are multimodal: skip the vision tower
+    gdn_prefill_backend: str | None   # "triton" on Hopper with vLLM 0.26 (no FlashInfer staged)
+    tensor_parallel_size: int
+    extra_args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
 
     def argv(self, port: int, served_name: str) -> list[str]:
         a = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
