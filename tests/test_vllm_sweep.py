@@ -111,7 +111,7 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
         # started, so none of the first's processes outlived it.
         h = t["host"]
         assert 0.2 < h["busy_fraction"] <= 1 and 0 <= h["steal_fraction"] < h["busy_fraction"] and h["seconds"] > 0
-        assert h["other_servers_processes"] == 0 and h["cpus"] == os.cpu_count()
+        assert h["other_servers_processes"] == 0 and h["cpus"] == os.cpu_count() and len(h["gpus"]) == 2
         # Synthetic acceptance 0.90/0.75/0.59 has mean length 3.24; a few hundred tokens land near it.
         assert 2.7 < m["acceptance_length"] < 3.8
         # The warm-up fills the level's batch (kernels JIT per batch shape), never fewer than warmup_requests.

@@ -36,7 +36,7 @@ import numpy as np
 from workloads import Arrival, Request
 
 from ..base import Point, PointResult, register_engine
-from . import host_cpu, loadgen, scrape
+from . import host_state, loadgen, scrape
 from .plugin import ENV_KERNELS, STRATEGIES, needs_piecewise
 from .server import ServerFailed, ServerSettings, VLLMServer, tagged_processes
 
@@ -208,11 +208,11 @@ class VLLMEngine:
         log_at = _log_size(server.log_path)
         before = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         sampler = scrape.Sampler(server.url, float(self.cfg["metrics_hz"]))
-        host_before = host_cpu.snapshot(_other_servers(server))
+        host_before = host_state.snapshot(_other_servers(server))
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
                           seed=point.seed, request_timeout_s=float(self.cfg["request_timeout_s"]),
                           during=sampler.loop, watchdog=self._watchdog(server), progress=self._progress(point))
-        host = host_cpu.window(host_before, host_cpu.snapshot())
+        host = host_state.window(host_before, host_state.snapshot())
         if res.aborted:
             finished = sum(r.finish_s is not None for r in res.records)
             self._abandon(server, f"{res.aborted}; {finished} of {len(point.requests)} requests had finished")
@@ -370,7 +370,7 @@ class VLLMEngine:
             # Triton kernels vLLM's JIT monitor saw compiled inside the measured run ({} = none): the warm-up
             # did not cover a specialisation, and the point's timings include the compile.
             "jit_compiles_during_run": jit,
-            # the host's CPUs over the measured run (host_cpu.py says why a vLLM point records them)
+            # the host's CPUs and GPUs over the measured run (host_state.py says why a vLLM point records them)
             "host": host,
             "duration_s": res.duration_s,
             # The measured run on time.time() (s since the epoch): where a clock in the server (the H200
