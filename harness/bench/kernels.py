@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from omegaconf import DictConfig
 
+import strategies
 from strategies import DraftTree, GDNShape, as_dtype, dtype_bytes
 
 from .. import strategy_configs
@@ -420,8 +421,10 @@ def _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out
         console.print(f"  [{i}/{len(jobs)}] {tree.label} (N={tree.num_nodes}) batch {B} "
                       f"(elapsed {time.perf_counter() - started:.0f} s)")
         for name in STRATEGY_ROWS:
-            if name == "replay" and (not tree.is_chain or tree.num_nodes > _ring(cfg, name)):
-                continue
+            if name in strategies.names():   # a strategy's kernel (treewy_fused is a variant of treewy's)
+                strat = strategies.get(name)
+                if (not strat.supports_trees and not tree.is_chain) or tree.num_nodes > _ring(cfg, name):
+                    continue
             if (name, tree.label, B) in done:
                 continue
             try:
