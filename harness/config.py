@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -90,24 +90,6 @@ def import_named(module: str, where: str) -> None:
     except ImportError as e:
         raise ValueError(f"{where}: module {module} does not import ({type(e).__name__}: {e}); put it on "
                          "PYTHONPATH or fix the name") from None
-
-
-def engine_class(ecfg: Mapping[str, Any]) -> type:
-    """The class that runs engine config ``ecfg`` (conf/engine/<name>.yaml), its module imported: the point runs
-    an instance, the grid asks the class what it can run (``runs_strategy``)."""
-    from .engines.base import ENGINES
-
-    # the engine's module registers it (@register_engine); a config without one (built in code, or stored before
-    # engines named their module) means the built-in engine of that name
-    name = ecfg["name"]
-    module = ecfg.get("module") or (f"harness.engines.{name}.engine" if name in ("sim", "vllm") else None)
-    if module:
-        import_named(module, f"engine={name} (conf/engine/{name}.yaml)")
-    if name not in ENGINES:
-        raise ValueError(f"engine={name}: no engine registers that name"
-                         f"{f' (module {module} registers none)' if module else ''}; conf/engine/{name}.yaml "
-                         "names the module that does (module:), or choose sim, vllm or auto")
-    return ENGINES[name]
 
 
 def engine_config(name: str) -> dict[str, Any]:

@@ -11,9 +11,11 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 import strategies
+from workloads.arrivals import POISSON_BURSTINESS
 
 from . import strategy_configs
-from .config import compose, conf_dir, engine_class, engine_config, parse_draft, resolve_engine
+from .config import compose, conf_dir, engine_config, parse_draft, resolve_engine
+from .engines.base import engine_class
 
 AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft")
 ALIASES = {"workload": "workloads", "strategies": "strategy", "drafts": "draft"}
@@ -114,13 +116,6 @@ def validate(cfg: dict[str, Any]) -> None:
     for s in as_list(cfg.get("strategy")):
         if s not in strategies.names():
             raise ValueError(f"strategy={s}: unknown; choose from {', '.join(strategies.names())}")
-    ecfg = cfg.get("engine")
-    if ecfg is not None and ecfg.get("name") not in (None, "auto"):
-        why_not = getattr(engine_class(ecfg), "runs_strategy", None)
-        for s in as_list(cfg.get("strategy")):
-            reason = why_not(s) if why_not else None
-            if reason:
-                raise ValueError(f"strategy={s} with engine={ecfg['name']}: {reason}")
     for c in as_list(cfg.get("concurrency")):
         if not isinstance(c, int) or c < 1:
             raise ValueError(f"concurrency={c}: must be a whole number >= 1")
@@ -175,7 +170,8 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                       max(int(rule["min"]), int(rule["per_concurrency"]) * int(c)))
                      for c in as_list(cfg["concurrency"])]
         else:
-            burst = float((wl.get("arrival") or {}).get("burstiness") or 1.0)
+            given = (wl.get("arrival") or {}).get("burstiness")
+            burst = float(given) if given is not None else POISSON_BURSTINESS
             loads = [({"kind": kind, "rate": float(r), "burstiness": burst},
                       max(int(rule["min"]), int(float(rule["per_rate"]) * float(r))))
                      for r in as_list(cfg["rate"])]
@@ -194,7 +190,20 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                             "requests": n, "max_num_seqs": cfg["max_num_seqs"],
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
                             "max_model_len": cfg["max_model_len"], "seed": cfg["seed"]})
+    _refuse_what_the_engine_cannot_run(engine, out)
     return out
+
+
+def _refuse_what_the_engine_cannot_run(engine: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    """Before the first point: a strategy the (resolved) engine cannot run under speculation is an error naming
+    it, when the engine says why (``runs_strategy``); speculation-off points run no strategy."""
+    why_not = getattr(engine_class(engine), "runs_strategy", None)
+    if why_not is None:
+        return
+    for strategy in dict.fromkeys(p["strategy"] for p in points if p["draft"] is not None):
+        reason = why_not(strategy)
+        if reason:
+            raise ValueError(f"strategy={strategy} with engine={engine['name']}: {reason}")
 
 
 def workload_configs(names: Sequence[str], settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:

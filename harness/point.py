@@ -103,7 +103,7 @@ def engine_for(cfg: dict[str, Any], store: Store | None = None):
         if log_dir is not None and hasattr(engine, "log_dir"):
             engine.log_dir = Path(log_dir)
         return engine
-    from .config import engine_class
+    from .engines.base import engine_class
 
     engine = engine_class(ecfg)(ecfg, log_dir=log_dir)
     _ENGINES[key] = engine
@@ -141,7 +141,7 @@ def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
         summary.update(status="failed", reason=f"{type(e).__name__}: {e}",
                        traceback=traceback.format_exc(limit=6)[-4000:])
     summary["wall_s"] = time.perf_counter() - t0
-    summary["provenance"] = provenance(engine=cfg["engine"]["name"], seed=cfg.get("seed", 0))
+    summary["provenance"] = provenance(engine=cfg["engine"]["name"], seed=cfg["seed"])
     store.write(pid, summary, recs)
     return summary
 

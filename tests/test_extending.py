@@ -221,3 +221,21 @@ def test_a_throwaway_engine_runs_a_sweep(extended):
         (runs[engine],) = [json.loads(p.read_text()) for p in out.glob("points/*/summary.json")]
     assert runs["toy_sim"]["engine"] == "toy_sim" and runs["toy_sim"]["status"] == "ok"
     assert runs["toy_sim"]["metrics"]["output_throughput"] < 0.9 * runs["sim"]["metrics"]["output_throughput"]
+
+
+def test_the_engine_is_asked_only_about_strategies_that_run_under_speculation(monkeypatch):
+    """Speculation-off points run no strategy, so an engine that cannot run one still takes a draft=none grid;
+    the same grid with a draft is refused before the first point, after engine=auto is resolved."""
+    from omegaconf import OmegaConf
+
+    from harness.engines.base import engine_class
+    from harness.grid import compose_sweep, point_configs
+
+    cls = engine_class({"name": "sim"})
+    monkeypatch.setattr(cls, "runs_strategy", classmethod(lambda c, n: "not here" if n == "treewy" else None),
+                        raising=False)
+    grid = ["sweep=quick", "engine=sim", "strategy=[treewy]", "concurrency=[8]"]
+    off = point_configs(OmegaConf.to_container(compose_sweep(grid + ["draft=[none]"]), resolve=True))
+    assert [p["draft"] for p in off] == [None]
+    with pytest.raises(ValueError, match="strategy=treewy with engine=sim: not here"):
+        point_configs(OmegaConf.to_container(compose_sweep(grid + ["draft=[chain:3]"]), resolve=True))

@@ -301,3 +301,17 @@ def test_layer_rows_ring_includes_vllms_own_kernel():
     assert _ring(cfg, "vllm_store_all") == float("inf")
     assert _ring(cfg, "treewy") == float("inf")
     assert _ring(cfg, "replay") == float(cfg.strategies.replay.buffer_len)
+
+
+def test_the_kernel_rows_skip_what_a_strategy_cannot_verify():
+    """Replay's kernel takes chains only, and only those whose step fits its ring; treewy, store_all and the fused
+    variant take every shape."""
+    from harness.bench.kernels import _runs
+    from harness.config import compose
+
+    cfg = compose("bench_kernels")
+    ring = int(cfg.strategies.replay.buffer_len)
+    tree, fits, too_long = DraftTree.from_widths([2, 2], root=True), DraftTree.chain(ring - 1, root=True), \
+        DraftTree.chain(ring, root=True)
+    assert not _runs(cfg, "replay", tree) and _runs(cfg, "replay", fits) and not _runs(cfg, "replay", too_long)
+    assert all(_runs(cfg, n, t) for n in ("treewy", "store_all", "treewy_fused") for t in (tree, too_long))

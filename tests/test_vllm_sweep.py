@@ -109,9 +109,10 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
         assert t["server"]["graph_mode"].startswith("none")
         # The host's CPUs over the run: vLLM on two cores keeps them busy; one server stopped before the next
         # started, so none of the first's processes outlived it.
-        h = t["host"]
-        assert 0.2 < h["busy_fraction"] <= 1 and 0 <= h["steal_fraction"] < h["busy_fraction"] and h["seconds"] > 0
-        assert h["other_servers_processes"] == 0 and h["cpus"] == os.cpu_count() and len(h["gpus"]) == 2
+        h, cpu = t["host"], t["host"]["cpu"]
+        assert 0.2 < cpu["busy_fraction"] <= 1 and 0 <= cpu["steal_fraction"] < cpu["busy_fraction"]
+        assert cpu["seconds"] > 0 and cpu["cpus"] == os.cpu_count() and h["other_servers_processes"] == 0
+        assert h["gpus"] is None                                  # no nvidia-smi on a CPU machine
         # Synthetic acceptance 0.90/0.75/0.59 has mean length 3.24; a few hundred tokens land near it.
         assert 2.7 < m["acceptance_length"] < 3.8
         # The warm-up fills the level's batch (kernels JIT per batch shape), never fewer than warmup_requests.

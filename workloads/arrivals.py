@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 KINDS = ("closed", "poisson", "gamma", "trace")
+POISSON_BURSTINESS = 1.0   # a gamma process of shape 1 is Poisson: the shape where a config gives none
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Arrival:
     kind: str = "closed"
     max_concurrency: int | None = None   # closed
     rate: float | None = None            # poisson / gamma / trace (target requests/s; trace: None keeps it)
-    burstiness: float = 1.0              # gamma shape
+    burstiness: float = POISSON_BURSTINESS   # gamma shape
     seed: int = 0
 
     def __post_init__(self) -> None:

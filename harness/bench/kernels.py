@@ -303,6 +303,15 @@ def _ring(cfg: DictConfig, name: str) -> float:
     return float(strategy_configs.of(cfg, name).get("buffer_len") or float("inf"))
 
 
+def _runs(cfg: DictConfig, name: str, tree: DraftTree) -> bool:
+    """Whether the kernels section times row ``name`` on ``tree``: a strategy that takes no trees only on chains,
+    a deferred one only where one step fits its ring; ``treewy_fused`` (a variant of treewy's kernel) on all."""
+    if name not in strategies.names():
+        return True
+    strat = strategies.get(name)
+    return (strat.supports_trees or tree.is_chain) and tree.num_nodes <= _ring(cfg, name)
+
+
 def run(cfg: DictConfig) -> int:
     from strategies import kernels
 
@@ -421,10 +430,8 @@ def _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out
         console.print(f"  [{i}/{len(jobs)}] {tree.label} (N={tree.num_nodes}) batch {B} "
                       f"(elapsed {time.perf_counter() - started:.0f} s)")
         for name in STRATEGY_ROWS:
-            if name in strategies.names():   # a strategy's kernel (treewy_fused is a variant of treewy's)
-                strat = strategies.get(name)
-                if (not strat.supports_trees and not tree.is_chain) or tree.num_nodes > _ring(cfg, name):
-                    continue
+            if not _runs(cfg, name, tree):
+                continue
             if (name, tree.label, B) in done:
                 continue
             try:

@@ -94,12 +94,12 @@ class Engine(Protocol):
     def run(self, point: Point) -> PointResult: ...
 
     # Optional, a classmethod: ``runs_strategy(name) -> str | None``, why this engine cannot run the registered
-    # strategy ``name`` (None: it can). harness.grid.validate asks it before the first point; an engine without
+    # strategy ``name`` (None: it can). harness.grid.point_configs asks it before the first point; an engine without
     # it runs every registered strategy.
 
 
 #: name -> engine class, filled by :func:`register_engine` when the module ``conf/engine/<name>.yaml``'s
-#: ``module:`` names is imported (harness.point.engine_for imports it)
+#: ``module:`` names is imported (:func:`engine_class` imports it)
 ENGINES: dict[str, type] = {}
 
 
@@ -110,3 +110,21 @@ def register_engine(name: str):
         ENGINES[name] = cls
         return cls
     return deco
+
+
+def engine_class(ecfg: Mapping[str, Any]) -> type:
+    """The class that runs engine config ``ecfg`` (conf/engine/<name>.yaml), its module imported: the point runs
+    an instance, the grid asks the class what it can run (``runs_strategy``)."""
+    from ..config import import_named
+
+    # the engine's module registers it (@register_engine); a config without one (built in code, or stored before
+    # engines named their module) means the built-in engine of that name
+    name = ecfg["name"]
+    module = ecfg.get("module") or (f"harness.engines.{name}.engine" if name in ("sim", "vllm") else None)
+    if module:
+        import_named(module, f"engine={name} (conf/engine/{name}.yaml)")
+    if name not in ENGINES:
+        raise ValueError(f"engine={name}: no engine registers that name"
+                         f"{f' (module {module} registers none)' if module else ''}; conf/engine/{name}.yaml "
+                         "names the module that does (module:), or choose sim, vllm or auto")
+    return ENGINES[name]

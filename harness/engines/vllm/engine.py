@@ -45,12 +45,12 @@ DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache
 
 def model_dir_for(point: Point, cfg: Mapping[str, Any]) -> Path:
     """``engine.model_dir`` as given, else a generated dir (config.json + tokenizer) per model config."""
-    if cfg.get("model_dir"):
+    if cfg["model_dir"]:
         return Path(cfg["model_dir"]).expanduser()
     from .model_dir import hf_config, write
 
     text = json.dumps(hf_config(point.model), sort_keys=True)
-    root = Path(cfg.get("model_root") or DEFAULT_MODEL_ROOT).expanduser()
+    root = Path(cfg["model_root"] or DEFAULT_MODEL_ROOT).expanduser()
     out = root / f"{point.model.name}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
     if not (out / "tokenizer.json").is_file():
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -75,32 +75,32 @@ def settings_for(point: Point, cfg: Mapping[str, Any], model_dir: Path) -> Serve
             from ..acceptance_rates import rates_for
 
             rates = tuple(float(r) for r in rates_for(tree, cfg["acceptance"]))
-    env_map = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()}
-    tp = int(cfg.get("tensor_parallel_size") or 1)
+    env_map = {str(k): str(v) for k, v in (cfg["env"] or {}).items()}
+    tp = int(cfg["tensor_parallel_size"])
     if tp > 1:
         env_map.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast off: the GPU hosts require it
     env = tuple(sorted(env_map.items()))
     strategy = point.strategy if tree is not None else "store_all"
-    mode = cfg.get("cudagraph_mode")
+    mode = cfg["cudagraph_mode"]
     if mode is None and needs_piecewise(strategy, env_map.get(ENV_KERNELS)):
         mode = "PIECEWISE"
-    capture = cfg.get("max_cudagraph_capture_size")
+    capture = cfg["max_cudagraph_capture_size"]
     if capture is not None and (isinstance(capture, bool) or not isinstance(capture, int) or capture < 1):
         raise ValueError(f"engine.max_cudagraph_capture_size={capture!r}: must be a whole number of tokens >= 1, "
                          "or null for vLLM's default")
     return ServerSettings(
         model_dir=str(model_dir), strategy=strategy,
         buffer_len=point.strategy_options.get("buffer_len"), num_spec=num_spec, acceptance_rates=rates,
-        gmu=None if cfg.get("kv_cache_bytes") else point.gmu,
-        kv_cache_bytes=int(cfg["kv_cache_bytes"]) if cfg.get("kv_cache_bytes") else None,
+        gmu=None if cfg["kv_cache_bytes"] else point.gmu,
+        kv_cache_bytes=int(cfg["kv_cache_bytes"]) if cfg["kv_cache_bytes"] else None,
         max_model_len=point.max_model_len, max_num_seqs=point.max_num_seqs,
         max_num_batched_tokens=point.max_num_batched_tokens, load_format=cfg["load_format"],
         dtype=point.model.dtype, ssm_cache_dtype=point.model.state_dtype,
         enforce_eager=bool(cfg["enforce_eager"]),
         cudagraph_mode=mode, max_cudagraph_capture_size=capture,
         language_model_only=point.model.architecture.endswith("ForConditionalGeneration"),
-        gdn_prefill_backend=cfg.get("gdn_prefill_backend"), tensor_parallel_size=tp,
-        extra_args=tuple(cfg.get("extra_args") or ()), env=env)
+        gdn_prefill_backend=cfg["gdn_prefill_backend"], tensor_parallel_size=tp,
+        extra_args=tuple(cfg["extra_args"] or ()), env=env)
 
 
 def device_name() -> str:
@@ -144,7 +144,7 @@ class VLLMEngine:
 
     def __init__(self, cfg: Mapping[str, Any], log_dir: Path | None = None):
         self.cfg = dict(cfg)
-        self.log_dir = Path(log_dir) if log_dir else Path(self.cfg.get("log_dir") or "results/engine-logs")
+        self.log_dir = Path(log_dir) if log_dir else Path(self.cfg["log_dir"] or "results/engine-logs")
         self.server: VLLMServer | None = None
         self.settings: ServerSettings | None = None
         self.starts = 0
@@ -160,7 +160,7 @@ class VLLMEngine:
             raise ServerFailed(f"not retried in this sweep: {self.failed[settings]}")
         self.starts += 1
         tag = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{self.starts}-{settings.strategy}"
-        server = VLLMServer(settings, self.log_dir / f"vllm-{tag}.log", port=self.cfg.get("port"),
+        server = VLLMServer(settings, self.log_dir / f"vllm-{tag}.log", port=self.cfg["port"],
                             startup_timeout_s=float(self.cfg["startup_timeout_s"]))
         what = (f"strategy={settings.strategy} k={settings.num_spec} "
                 + (f"kv_cache_bytes={settings.kv_cache_bytes}" if settings.kv_cache_bytes else f"gmu={settings.gmu}")
@@ -207,12 +207,13 @@ class VLLMEngine:
         warm = self._warm_up(server, point, vocab)
         log_at = _log_size(server.log_path)
         before = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
+        watch = host_state.HostWatch(_other_servers(server))    # the /proc scan before the sampler's clock starts
         sampler = scrape.Sampler(server.url, float(self.cfg["metrics_hz"]))
-        host_before = host_state.snapshot(_other_servers(server))
+        watch.start()
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
                           seed=point.seed, request_timeout_s=float(self.cfg["request_timeout_s"]),
                           during=sampler.loop, watchdog=self._watchdog(server), progress=self._progress(point))
-        host = host_state.window(host_before, host_state.snapshot())
+        host = watch.stop()
         if res.aborted:
             finished = sum(r.finish_s is not None for r in res.records)
             self._abandon(server, f"{res.aborted}; {finished} of {len(point.requests)} requests had finished")
@@ -426,4 +427,4 @@ def _other_servers(server: VLLMServer) -> int | None:
     harness's), by the tag every server's processes inherit; None off Linux."""
     if not Path("/proc").is_dir():
         return None
-    return len(set(tagged_processes("commitbench-")) - set(tagged_processes(server.served_name)))
+    return len(set(tagged_processes("commitbench-")) - set(tagged_processes(server.served_name, exact=True)))

@@ -331,9 +331,10 @@ def _install_cleanup() -> None:
             pass
 
 
-def tagged_processes(prefix: str) -> list[int]:
-    """PIDs of live processes whose environment has COMMITBENCH_SERVER starting with ``prefix``
-    (this user's processes; ``/proc`` only, so Linux)."""
+def tagged_processes(prefix: str, exact: bool = False) -> list[int]:
+    """PIDs of live processes whose environment has COMMITBENCH_SERVER starting with ``prefix`` (``exact``: equal
+    to it, one server's tag; port 6000's is a prefix of port 60001's) (this user's processes; ``/proc`` only,
+    so Linux)."""
     needle = f"{TAG_ENV}={prefix}".encode()
     found = []
     for d in Path("/proc").iterdir():
@@ -344,7 +345,7 @@ def tagged_processes(prefix: str) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and any(item.startswith(needle) for item in env.split(b"\0")):
+        if state != "Z" and any(item == needle if exact else item.startswith(needle) for item in env.split(b"\0")):
             found.append(int(d.name))
     return found
 
