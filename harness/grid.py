@@ -127,6 +127,13 @@ def validate(cfg: dict[str, Any]) -> None:
             tree = parse_draft(d, root=True)
             if tree.num_drafts < 1:
                 raise ValueError(f"draft={d}: a draft needs at least one token; draft=none is speculation off")
+            # a step verifies every node of the tree for a request at once: they must fit the request's length
+            # and the step's token budget, or no request can ever run (every point would fail)
+            fit = min(int(cfg["max_model_len"]), int(cfg["max_num_batched_tokens"]))
+            if tree.num_nodes > fit:
+                raise ValueError(f"draft={d}: a step verifies {tree.num_nodes} tokens per request, more than "
+                                 f"max_model_len={cfg['max_model_len']} or max_num_batched_tokens="
+                                 f"{cfg['max_num_batched_tokens']} allow ({fit}); use a smaller draft or raise them")
     for axis in AXES:
         if axis in cfg and isinstance(cfg[axis], (list, tuple)) and not cfg[axis]:
             raise ValueError(f"{axis}=[]: the grid needs at least one value on every axis")

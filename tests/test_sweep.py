@@ -796,8 +796,9 @@ def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_b
                                                                                                       capsys):
     """A flat list of integers is one tree, a list of shapes an axis; Hydra's bare draft=3,3,3 (three drafts of
     width 3, which the sweep used to run as one level of width 3) is refused with both spellings; parents:[...]
-    passes Hydra's grammar; values that used to fail every point, or an empty grid, exit 2 first. (A long chain,
-    which ended in a RecursionError, is a shape like any other: tests/test_tree.py.)"""
+    passes Hydra's grammar; values that used to fail every point, or an empty grid, exit 2 first: among them a
+    chain longer than a request may be (it ended in a RecursionError; as a tree it is a shape like any other,
+    tests/test_tree.py)."""
     one = ["sweep=quick", "concurrency=[8]", "strategy=[store_all]", "requests.min=20", "requests.per_concurrency=1",
            "report=false", "engine=sim"]
     cases = (("draft=[3,3,3]", ["3,3,3"]), ("draft=[chain:2,'2,2']", ["chain:2", "2,2"]),
@@ -812,6 +813,8 @@ def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_b
     assert tree["point_id"].endswith("-3x3x3-store_all") and tree["metrics"]["acceptance_length"] > 3.3   # 39 nodes
     for bad, why in (("draft=3,3,3", "write draft=[3,3,3] for the (3,3,3) tree"),
                      ("draft=chain:0", "draft=none is speculation off"),
+                     ("draft=chain:5000", "draft=chain:5000: a step verifies 5001 tokens per request, more than "
+                                          "max_model_len=4096"),
                      ("seed=0,1", "one sweep per model, GPU, engine and seed"),
                      ("seed=[0,1]", "seed=[0, 1]: one whole number per sweep"),
                      ("gmu=[]", "gmu=[]: the grid needs at least one value"),
