@@ -166,6 +166,10 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     for wname, wl in zip(names, workload_configs(names, settings)):
         if (cfg.get("requests_from") or {}).get(wname):
             wl = exported(wl, cfg["requests_from"][wname], wname)
+        given = wl.get("path")
+        if given and not Path(str(given)).expanduser().exists():   # every point of it would fail on the file
+            raise ValueError(f"workload.path={given} (workload={wname}): no such file; point it at the data, or "
+                             "leave it null for the workload's default source")
         kind = (wl.get("arrival") or {}).get("kind", "closed")
         if kind == "trace":
             raise ValueError(f"workload={wname} with arrival.kind=trace: a sweep offers open-loop load at the rates "

@@ -764,26 +764,37 @@ def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_e
 
 def test_workload_settings_reach_every_swept_workload_that_has_them_and_a_typo_is_refused(tmp_path, capsys):
     """`workload.<key>=` sets the swept workloads' own configs (before, the sweep reloaded each workload's file and
-    dropped it, so a Spec-Bench path that does not exist ran the bundled questions); a key no swept workload has,
-    and a trace arrival a sweep cannot offer, stop the command before the folder is touched."""
+    dropped it, so a Spec-Bench path the user gave ran the bundled questions); a path that does not exist, a key no
+    swept workload has, and a trace arrival a sweep cannot offer stop the command before the folder is touched."""
+    import pyarrow.parquet as pq
+
     one = ["concurrency=[8]", "strategy=[store_all]", "draft=[chain:3]", "report=false", "engine=sim"]
-    out = cli(capsys, "sweep", "workload=spec_bench,balanced_chat", "workload.path=/nonexistent/question.jsonl",
+    # Spec-Bench's questions with every first turn one short sentence: a point that read this file has short prompts
+    mine = tmp_path / "question.jsonl"
+    rows = [json.loads(line) for line in (ROOT / "workloads/data/spec_bench/question.jsonl").read_text().splitlines()]
+    mine.write_text("".join(json.dumps({**r, "turns": ["Write one short sentence about the sea."] + r["turns"][1:]}) + "\n" for r in rows))
+    out = cli(capsys, "sweep", "workload=spec_bench,balanced_chat", f"workload.path={mine}",
               "workload.seed=3", "workload.filters.max_prompt_len=100", *one, f"out={tmp_path / 's'}")
     assert out.returncode == 0, out.stderr[-2000:]
     got = {s["config"]["workload_name"]: s for s in Store(tmp_path / "s").summaries()}
-    assert got["spec_bench"]["status"] == "failed" and "/nonexistent/question.jsonl" in got["spec_bench"]["reason"]
+    assert got["spec_bench"]["status"] == "ok" and got["spec_bench"]["config"]["workload"]["path"] == str(mine)
+    prompts = pq.read_table(tmp_path / "s" / "points" / got["spec_bench"]["point_id"] / "requests.parquet")
+    assert max(prompts.column("prompt_len").to_pylist()) <= 16          # the bundled first turns run to hundreds
     assert got["balanced_chat"]["status"] == "ok" and "path" not in got["balanced_chat"]["config"]["workload"]
     assert {s["config"]["workload"]["seed"] for s in got.values()} == {3}
     # below a key a workload leaves null (Spec-Bench has no filters by default; balanced_chat sets its own)
     assert got["spec_bench"]["config"]["workload"]["filters"] == {"max_prompt_len": 100}
     # one workload of several: its name first (ShareGPT, Spec-Bench and BurstGPT all have a path)
-    two = cli(capsys, "sweep", "workload=spec_bench,sharegpt", "workload.spec_bench.path=/nonexistent/q.jsonl",
+    two = cli(capsys, "sweep", "workload=spec_bench,sharegpt", f"workload.spec_bench.path={mine}",
               *one, f"out={tmp_path / 'two'}")
     assert two.returncode == 0, two.stderr[-2000:]
     got = {s["config"]["workload_name"]: s for s in Store(tmp_path / "two").summaries()}
-    assert got["spec_bench"]["status"] == "failed" and "/nonexistent/q.jsonl" in got["spec_bench"]["reason"]
+    assert got["spec_bench"]["config"]["workload"]["path"] == str(mine)
     assert got["sharegpt"]["status"] == "ok" and got["sharegpt"]["config"]["workload"]["path"] is None
-    for bad, why in (("workload.pth=/x", "did you mean workload.path"),
+    # a path that does not exist would fail every point of its workload: refused before the first
+    for bad, why in (("workload.path=/nonexistent/q.jsonl", "workload.path=/nonexistent/q.jsonl (workload=spec_bench): "
+                                                            "no such file"),
+                     ("workload.pth=/x", "did you mean workload.path"),
                      ("workload.spec_bench.pth=/x", "workload.spec_bench.pth=/x: spec_bench has no pth; did you "
                                                     "mean workload.spec_bench.path"),
                      ("workload.arrival.kind=trace", "arrival.kind=trace")):
@@ -818,7 +829,8 @@ def test_draft_shapes_parse_as_the_readme_writes_them_and_bad_grid_values_stop_b
                      ("seed=0,1", "one sweep per model, GPU, engine and seed"),
                      ("seed=[0,1]", "seed=[0, 1]: one whole number per sweep"),
                      ("gmu=[]", "gmu=[]: the grid needs at least one value"),
-                     ("jobs=abc", "jobs=abc: must be a whole number")):
+                     ("jobs=abc", "jobs=abc: must be a whole number"),
+                     ("workload.path=/nonexistent", "none of the swept workloads (balanced_chat) has path")):
         r = cli(capsys, "sweep", *one, bad, f"out={tmp_path / 'bad'}")
         assert r.returncode == 2 and why in r.stderr, (bad, r.stderr[-2000:])
         assert not (tmp_path / "bad").exists()
