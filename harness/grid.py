@@ -181,8 +181,8 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                       max(int(rule["min"]), int(rule["per_concurrency"]) * int(c)))
                      for c in as_list(cfg["concurrency"])]
         else:
-            given = (wl.get("arrival") or {}).get("burstiness")
-            burst = float(given) if given is not None else POISSON_BURSTINESS
+            shape = (wl.get("arrival") or {}).get("burstiness")
+            burst = float(shape) if shape is not None else POISSON_BURSTINESS
             loads = [({"kind": kind, "rate": float(r), "burstiness": burst},
                       max(int(rule["min"]), int(float(rule["per_rate"]) * float(r))))
                      for r in as_list(cfg["rate"])]

@@ -296,16 +296,14 @@ def _smoke(cfg: DictConfig) -> DictConfig:
 
 
 def _ring(cfg: DictConfig, name: str) -> float:
-    """Tokens strategy ``name``'s ring holds in this run (inf: it keeps none, as vLLM's own kernel,
-    the layer section's ``vllm_store_all`` row, which is no strategy of the registry)."""
-    if name == "vllm_store_all":
-        return float("inf")
+    """Tokens strategy ``name``'s ring holds in this run (inf: it keeps none)."""
     return float(strategy_configs.of(cfg, name).get("buffer_len") or float("inf"))
 
 
 def _runs(cfg: DictConfig, name: str, tree: DraftTree) -> bool:
-    """Whether the kernels section times row ``name`` on ``tree``: a strategy that takes no trees only on chains,
-    a deferred one only where one step fits its ring; ``treewy_fused`` (a variant of treewy's kernel) on all."""
+    """Whether a section times row ``name`` on ``tree``: a strategy that takes no trees only on chains, a deferred
+    one only where one step fits its ring; rows that are no strategy of the registry (``treewy_fused``, a variant
+    of treewy's kernel; the layer section's ``vllm_store_all``, vLLM's own kernel) on all."""
     if name not in strategies.names():
         return True
     strat = strategies.get(name)
@@ -500,7 +498,7 @@ def _layer_section(result, shape, cfg, gen, device, copy_bw, console, out) -> No
         tree = DraftTree.chain(k, root=True)
         if (name, tree.label, B, variant) in have:
             continue
-        if k + 1 > _ring(cfg, name):                              # a deferred ring one step would overflow
+        if not _runs(cfg, name, tree):                            # a deferred ring one step would overflow
             continue
         if (k, B) not in accepted_for:   # every op of a (chain, batch) sees the same accepted counts
             accepted_for[(k, B)] = sample_accepted(gen, tree, B, float(cfg.accept_rate))
