@@ -107,3 +107,26 @@ def test_the_summary_thins_long_series():
     g = host_state.gpu_summary([(i * 2.0, rows) for i in range(1000)])
     assert g["samples"] == 1000 and len(g["series"]) <= 120 and g["per_gpu"][0]["power_w_max"] is None
     assert host_state.gpu_summary([]) is None
+
+
+def test_other_servers_are_counted_by_exact_tag():
+    """A point counts the live processes of other servers by the tag each server's processes inherit: port 6000's
+    own processes are not counted, port 60001's (whose tag starts with 6000's) are."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from harness.engines.vllm.engine import _other_servers
+    from harness.engines.vllm.server import TAG_ENV
+
+    if not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    mine, other = "commitbench-1-6000", "commitbench-1-60001"
+    procs = [subprocess.Popen(["sleep", "30"], env={**os.environ, TAG_ENV: tag}) for tag in (mine, mine, other)]
+    try:
+        time.sleep(0.2)
+        before = _other_servers(SimpleNamespace(served_name="commitbench-none"))
+        assert _other_servers(SimpleNamespace(served_name=mine)) == before - 2
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -38,7 +38,7 @@ from workloads import Arrival, Request
 from ..base import Point, PointResult, register_engine
 from . import host_state, loadgen, scrape
 from .plugin import ENV_KERNELS, STRATEGIES, needs_piecewise
-from .server import ServerFailed, ServerSettings, VLLMServer, tagged_processes
+from .server import ServerFailed, ServerSettings, VLLMServer, server_tags
 
 DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commitbench" / "models"
 
@@ -427,4 +427,4 @@ def _other_servers(server: VLLMServer) -> int | None:
     harness's), by the tag every server's processes inherit; None off Linux."""
     if not Path("/proc").is_dir():
         return None
-    return len(set(tagged_processes("commitbench-")) - set(tagged_processes(server.served_name, exact=True)))
+    return sum(tag != server.served_name for tag in server_tags().values())

@@ -331,12 +331,11 @@ def _install_cleanup() -> None:
             pass
 
 
-def tagged_processes(prefix: str, exact: bool = False) -> list[int]:
-    """PIDs of live processes whose environment has COMMITBENCH_SERVER starting with ``prefix`` (``exact``: equal
-    to it, one server's tag; port 6000's is a prefix of port 60001's) (this user's processes; ``/proc`` only,
-    so Linux)."""
-    needle = f"{TAG_ENV}={prefix}".encode()
-    found = []
+def server_tags() -> dict[int, str]:
+    """PID -> COMMITBENCH_SERVER tag of every live process that carries one (this user's processes; ``/proc``
+    only, so Linux)."""
+    needle = f"{TAG_ENV}=".encode()
+    found = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
@@ -345,9 +344,15 @@ def tagged_processes(prefix: str, exact: bool = False) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and any(item == needle if exact else item.startswith(needle) for item in env.split(b"\0")):
-            found.append(int(d.name))
+        tag = next((item[len(needle):] for item in env.split(b"\0") if item.startswith(needle)), None)
+        if state != "Z" and tag is not None:
+            found[int(d.name)] = tag.decode(errors="replace")
     return found
+
+
+def tagged_processes(prefix: str) -> list[int]:
+    """PIDs of live processes whose COMMITBENCH_SERVER tag starts with ``prefix``."""
+    return [pid for pid, tag in server_tags().items() if tag.startswith(prefix)]
 
 
 def stop_all() -> None:
