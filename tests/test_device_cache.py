@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import requires_vllm
+from conftest import requires_vllm, share_vllm_modelinfos
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "results" / "h200-kernel-speed" / "device" / "cache.sh"
@@ -236,6 +236,7 @@ def test_precompile_stops_the_sweep_once_vllm_is_healthy_notes_the_kind_and_pack
     home, out = tmp_path / "home", tmp_path / "out"
     home.mkdir()
     out.mkdir()
+    share_vllm_modelinfos(home / ".cache" / "vllm")
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME")}
     env |= {"HOME": str(home), "OUT": str(out), "PRECOMPILE_ENV": "/dev/null", "PRECOMPILE_SWEEP": "sweep=ci_vllm requests.min=400",
             "PRECOMPILE_SCRATCH": str(tmp_path / "scratch"), "PYTHON": sys.executable, "CALL_LIMIT": "500",

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import requires_vllm
+from conftest import keep_vllm_modelinfos, requires_vllm, share_vllm_modelinfos
 
 from harness.engines.vllm.server import tagged_processes
 from harness.point import close_engines, run_point
@@ -73,7 +73,9 @@ def _when_serving(action, delay_s: float) -> tuple[threading.Thread, list[int]]:
 def _cleanup(tmp_path, monkeypatch):
     # vLLM's cache root, for each test alone: the sweep notes the kinds it started there (harness.compile_cache)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    share_vllm_modelinfos(tmp_path / "vllm-cache")
     yield
+    keep_vllm_modelinfos(tmp_path / "vllm-cache")
     close_engines()
     _no_orphans(f"commitbench-{os.getpid()}-")
 
