@@ -150,6 +150,9 @@ class VLLMEngine:
         self.starts = 0
         self.startup: dict[str, Any] = {}
         self.failed: dict[ServerSettings, str] = {}   # settings whose server would not start: fail fast
+        # where run() is: "idle", "starting", "warm-up" or "measured run" (for watchers: a fault-injection
+        # test waits for "measured run" rather than guessing how long the warm-up takes)
+        self.phase = "idle"
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _ensure_server(self, settings: ServerSettings) -> VLLMServer:
@@ -200,16 +203,25 @@ class VLLMEngine:
 
     # -- one point -----------------------------------------------------------------------------
     def run(self, point: Point) -> PointResult:
+        try:
+            return self._run(point)
+        finally:
+            self.phase = "idle"
+
+    def _run(self, point: Point) -> PointResult:
         model_dir = model_dir_for(point, self.cfg)
         settings = settings_for(point, self.cfg, model_dir)
+        self.phase = "starting"
         server = self._ensure_server(settings)
         vocab = int(point.model.vocab_size)
+        self.phase = "warm-up"
         warm = self._warm_up(server, point, vocab)
         log_at = _log_size(server.log_path)
         before = scrape.counters(scrape.parse_metrics(_get(server.url + "/metrics")))
         watch = host_state.HostWatch(_other_servers(server))    # the /proc scan before the sampler's clock starts
         sampler = scrape.Sampler(server.url, float(self.cfg["metrics_hz"]))
         watch.start()
+        self.phase = "measured run"
         res = loadgen.run(server.url, server.served_name, list(point.requests), point.arrival, vocab=vocab,
                           seed=point.seed, request_timeout_s=float(self.cfg["request_timeout_s"]),
                           during=sampler.loop, watchdog=self._watchdog(server), progress=self._progress(point))
