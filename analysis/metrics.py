@@ -20,7 +20,11 @@ def point_metrics(records: Iterable, telemetry: Mapping[str, Any] | None = None)
     plus what the telemetry says (acceptance length, peak KV usage, preemptions, ...)."""
     recs = list(records)
     ok = [r for r in recs if _get(r, "error") is None and _get(r, "finish_s") is not None]
-    out: dict[str, Any] = {"requests": len(recs), "completed": len(ok), "failed": len(recs) - len(ok)}
+    # a request that finished with fewer tokens than it asked for did not do the work the point measures
+    short = sum(1 for r in ok if (_get(r, "output_tokens") or 0) < _get(r, "output_len"))
+    errored = sum(1 for r in recs if _get(r, "error") is not None)
+    out: dict[str, Any] = {"requests": len(recs), "completed": len(ok) - short, "failed": len(recs) - len(ok) + short,
+                           "errored": errored, "unfinished": len(recs) - len(ok) - errored, "short": short}
     if ok:
         arrival = np.array([_get(r, "arrival_s") for r in ok])
         first = np.array([np.nan if _get(r, "first_token_s") is None else _get(r, "first_token_s") for r in ok])

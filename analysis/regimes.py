@@ -26,7 +26,8 @@ class Thresholds:
         if not cfg:
             raise ValueError("no memory-bound thresholds: a sweep records them in sweep.json; pass them "
                              "(conf/thresholds/memory_bound.yaml's, or analyze(store, thresholds))")
-        return cls(**dict(cfg))
+        # failed_requests (a sweep's too: when a point fails) decides at run time, not here
+        return cls(**{k: v for k, v in dict(cfg).items() if k != "failed_requests"})
 
 
 def memory_bound(metrics: Mapping[str, Any], th: Thresholds) -> tuple[bool, str]:

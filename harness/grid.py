@@ -134,6 +134,11 @@ def validate(cfg: dict[str, Any]) -> None:
                 raise ValueError(f"draft={d}: a step verifies {tree.num_nodes} tokens per request, more than "
                                  f"max_model_len={cfg['max_model_len']} or max_num_batched_tokens="
                                  f"{cfg['max_num_batched_tokens']} allow ({fit}); use a smaller draft or raise them")
+    failed = (cfg.get("thresholds") or {}).get("failed_requests")
+    if "thresholds" in cfg and (not isinstance(failed, (int, float)) or isinstance(failed, bool)
+                                or not 0 <= failed < 1):
+        raise ValueError(f"thresholds.failed_requests={failed}: the fraction of a point's requests that may fail "
+                         "before the point does; give a number in [0, 1), e.g. 0.01")
     for axis in AXES:
         if axis in cfg and isinstance(cfg[axis], (list, tuple)) and not cfg[axis]:
             raise ValueError(f"{axis}=[]: the grid needs at least one value on every axis")
@@ -200,7 +205,8 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                             "draft": None if no_spec else draft, "gmu": float(gmu), "load": load,
                             "requests": n, "max_num_seqs": cfg["max_num_seqs"],
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
-                            "max_model_len": cfg["max_model_len"], "seed": cfg["seed"]})
+                            "max_model_len": cfg["max_model_len"], "seed": cfg["seed"],
+                            "failed_requests": float(cfg["thresholds"]["failed_requests"])})
     _refuse_what_the_engine_cannot_run(engine, out)
     return out
 

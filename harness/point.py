@@ -6,7 +6,7 @@ A point config is plain data (what ``summary.json`` records as the fully resolve
      "workload_name": "sharegpt", "strategy": "treewy", "draft": "chain:3" | None, "gmu": 0.6,
      "load": {"kind": "closed", "concurrency": 32} | {"kind": "poisson", "rate": 2.0},
      "requests": 500, "max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 4096,
-     "seed": 0}
+     "seed": 0, "failed_requests": 0.01}
 
 ``python -m harness.point [--multirun] key=value ...`` runs points as Hydra jobs (conf/point.yaml),
 so Hydra's launchers (joblib, submitit/Slurm) can fan a grid out; every job writes into the same
@@ -123,6 +123,22 @@ def close_engines() -> None:
         stop_all()
 
 
+def too_many_failed(metrics: dict[str, Any], records, limit: float) -> str | None:
+    """Why a point that ran is still a failed point, or None: more than ``limit`` (a fraction,
+    ``thresholds.failed_requests``) of its requests errored (the engine rejected them or they broke off), never
+    finished, or returned fewer tokens than they asked for. Its numbers would describe other work than asked."""
+    n, bad = metrics["requests"], metrics["failed"]
+    if n and bad <= limit * n:
+        return None
+    parts = [f"{metrics[k]} {what}" for k, what in (("errored", "errored or were rejected"),
+                                                     ("unfinished", "never finished"),
+                                                     ("short", "returned fewer tokens than asked"))
+             if metrics[k]]
+    first = next((r.error for r in records if r.error), None)
+    return (f"{bad} of {n} requests failed ({', '.join(parts) or 'no requests'}), more than "
+            f"thresholds.failed_requests={limit:g} allows" + (f"; first error: {first[:300]}" if first else ""))
+
+
 def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
     """Run one point and store it; a failure is stored with its reason instead of raised."""
     pid = point_id(cfg)
@@ -131,8 +147,10 @@ def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
     try:
         result: PointResult = engine_for(cfg, store).run(build_point(cfg))
         recs = [r.__dict__ for r in result.requests]
-        summary.update(status="ok", metrics=point_metrics(result.requests, result.telemetry),
-                       telemetry=result.telemetry)
+        metrics = point_metrics(result.requests, result.telemetry)
+        summary.update(status="ok", metrics=metrics, telemetry=result.telemetry)
+        if why := too_many_failed(metrics, result.requests, cfg["failed_requests"]):
+            summary.update(status="failed", reason=why)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # recorded, and the sweep goes on

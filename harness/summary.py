@@ -40,7 +40,13 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
     a = result.get("anchor")
     if a:
         console.print(anchor_line(a))
-    for f in result["failed"][:5]:
-        console.print(f"  failed: {f['point_id']}: {f['reason']}")
+    by_reason: dict[str, list[str]] = {}
+    for f in result["failed"]:       # every failed point, once per reason (a bad setting fails many alike)
+        by_reason.setdefault(str(f["reason"]), []).append(f["point_id"])
+    for reason, ids in by_reason.items():
+        who = ids[0] if len(ids) == 1 else f"{len(ids)} points ({', '.join(ids)})"
+        console.print(f"  [red]failed[/]: {who}: {reason}")
+    for d in result.get("damaged") or []:
+        console.print(f"  [yellow]damaged[/] (left out; rerun the sweep to redo it): {d['point_id']}: {d['reason']}")
     if report:
         console.print(f"report: {report}/report.html, {report}/report.pdf")

@@ -58,11 +58,13 @@ def run(cfg: DictConfig) -> int:
     # time_budget_s belongs to the command, not to the experiment: calls.json records it, sweep.json does not
     store.init({k: v for k, v in c.items() if k not in ("model", "gpu", "time_budget_s")}
                | {"model": c["model"]["name"], "gpu": c["gpu"]["name"]})
-    todo = []
+    todo, damaged = [], {}
     for p in points:
         status = store.status(point_id(p))
         if status == "ok" or (status == "failed" and not c["retry_failed"]):
             continue
+        if status == "damaged":
+            damaged[point_id(p)] = store.damage(point_id(p))
         todo.append(p)
     if engine_name == "vllm":
         if int(c["jobs"]) > 1:
@@ -79,6 +81,8 @@ def run(cfg: DictConfig) -> int:
     console.print(f"[bold]sweep {c.get('sweep_name')}[/]: {len(points)} points, {len(points) - len(todo)} already "
                   f"in {out}, {len(todo)} to run (engine: {engine_name})"
                   + (f"; anchor {point_id(anchor)} measured again first" if remeasure else ""))
+    for pid, why in damaged.items():
+        console.print(f"  [yellow]damaged[/]: {pid}: {why}; runs again")
     call = calls.begin(point_id(anchor) if anchor else None, remeasure) if todo else None
     if call is not None and budget is not None:
         call["time_budget_s"] = budget.seconds
@@ -125,12 +129,20 @@ def run(cfg: DictConfig) -> int:
     result = analyze(store)
     write_analysis(store, result)
     report_path = None
-    if c["report"]:
+    if c["report"] and result["counts"]["ok"]:
         from reports.build import build_report
 
         report_path = build_report(store, result)
+    elif c["report"]:
+        console.print(f"no report: no point in {out} finished (the reasons are below)")
     print_summary(result, console, report_path)
-    return 0
+    # a grid point left failed (now, or by an earlier command that this one did not retry) fails the command:
+    # its numbers are missing from every ratio, and scripts driving the sweep must see it
+    failed_now = [point_id(p) for p in points if store.status(point_id(p)) == "failed"]
+    if failed_now:
+        console.print(f"[bold red]{len(failed_now)} of {len(points)} points failed[/] (exit status 1); a rerun of the "
+                      "same command retries them" + ("" if c["retry_failed"] else " with retry_failed=true"))
+    return 1 if failed_now else 0
 
 
 def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_server: bool,
