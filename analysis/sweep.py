@@ -94,6 +94,7 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
     th = thresholds or Thresholds.from_config(sweep.get("thresholds"))
     base = baseline or sweep.get("baseline", "store_all")
     rows = [flatten(s) for s in store.summaries()]
+    damaged = dict(getattr(store, "damaged", {}))     # left out above; a rerun of the sweep redoes them
     ok = [r for r in rows if r["status"] == "ok"]
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in ok:
@@ -126,6 +127,7 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
                    "groups": len(classified), "memory_bound": n_bound, "label": f"{n_bound}/{len(classified)}"},
         "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,
         "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
+        "damaged": [{"point_id": k, "reason": v} for k, v in sorted(damaged.items())],
         "graph_coverage": {"known": sum(r["decode_past_graphs"] is not None for r in ok),
                            "past": [r["point_id"] for r in ok if r["decode_past_graphs"]]},
         "anchor": (anchor := drift(store)),
@@ -136,8 +138,10 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
 
 def write_analysis(store, result: dict[str, Any]) -> Path:
     """Store ``result`` (:func:`analyze`'s) beside the points it was computed from, as ``analysis.json``."""
+    from harness.store import atomic_write
+
     path = Path(store.root) / "analysis.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    atomic_write(path, json.dumps(result, indent=1, default=str))
     return path
 
 

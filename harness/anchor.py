@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .store import Store, _atomic_write
+from .store import Store, atomic_write
 
 def pick(points: list[dict[str, Any]], anchor: str | None, baseline: str = "store_all") -> dict[str, Any] | None:
     """The grid point whose id is ``anchor`` (None: no anchor); a clear error when it is not in the grid."""
@@ -86,7 +86,7 @@ class CallLog:
         self._save()
 
     def _save(self) -> None:
-        _atomic_write(self.path, json.dumps(self.calls, indent=1))
+        atomic_write(self.path, json.dumps(self.calls, indent=1))
 
 
 def anchor_store(root: str | Path, call: dict[str, Any]) -> Store:

@@ -119,6 +119,12 @@ def compare_cmd(cfg: DictConfig) -> int:
     console.print(t)
     console.print(f"{len(common)} common points; memory-bound classification agrees on {agree}; "
                   f"A: {a['counts']['label']} memory-bound, B: {b['counts']['label']}")
+    # the points match by workload, memory, load, draft and strategy alone: say where the setups differ
+    differ = [f"{k} {a['sweep'].get(k)} vs {b['sweep'].get(k)}" for k in ("model", "gpu")
+              if a["sweep"].get(k) != b["sweep"].get(k)]
+    if differ:
+        console.print(f"[bold]note[/]: A and B ran different setups ({'; '.join(differ)}): the ratios above compare "
+                      "those setups, not only the engines")
     return 0
 
 

@@ -6,12 +6,14 @@
 
 A point's metrics are derived data: :meth:`Store.summaries` recomputes them from ``requests.parquet`` and the
 stored telemetry (``analysis.metrics.point_metrics``), so a fix to a metric reaches every sweep already on disk;
-the copy in ``summary.json`` is what the run computed, kept for a point whose requests were not stored.
+the copy in ``summary.json`` is what the run computed (an ok point without its requests is damaged).
 
 A point is written into a private temporary folder and renamed into place, so a reader (or a
 killed sweep) only ever sees whole points, and concurrent writers (parallel or Slurm jobs) never
 corrupt each other: the first complete copy of a point wins. A failed point is stored the same
-way with its reason; a later run retries it.
+way with its reason; a later run retries it. A point damaged after the fact (a summary.json that does not
+parse or lacks its record, an ok point's requests.parquet gone or unreadable) is "damaged": left out of the
+analysis, named in it, and redone by the next run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,21 +40,28 @@ class Store:
         self.root = Path(root)
         self.points = self.root / "points"
         self._metrics: dict[tuple[str, int], dict[str, Any]] = {}    # (requests.parquet, mtime) -> metrics
+        self.damaged: dict[str, str] = {}     # damaged points the last summaries() met: point id -> why
 
     def init(self, sweep_cfg: dict[str, Any]) -> None:
         self.points.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.root / "sweep.json", json.dumps(sweep_cfg, indent=2, default=str))
+        atomic_write(self.root / "sweep.json", json.dumps(sweep_cfg, indent=2, default=str))
 
     # -- points ----------------------------------------------------------------------
     def status(self, point_id: str) -> str | None:
-        """'ok', 'failed', or None when the point has not been written."""
-        path = self.points / point_id / "summary.json"
-        if not path.is_file():
+        """'ok', 'failed', 'damaged' (written, but not whole: :meth:`damage`; a rerun redoes it), or None when
+        the point has not been written."""
+        folder = self.points / point_id
+        if not (folder / "summary.json").is_file():
             return None
-        try:
-            return json.loads(path.read_text()).get("status")
-        except (OSError, json.JSONDecodeError):
-            return None
+        summary, why = _read_point(folder)
+        return "damaged" if why else summary["status"]
+
+    def damage(self, point_id: str) -> str | None:
+        """Why the stored point ``point_id`` is damaged (a summary.json that does not parse or lacks its status,
+        config or metrics; an ok point whose requests.parquet is unreadable, or missing where its summary says it
+        was stored), or None."""
+        folder = self.points / point_id
+        return _read_point(folder)[1] if (folder / "summary.json").is_file() else None
 
     def write(self, point_id: str, summary: dict[str, Any], requests: list[dict[str, Any]] | None) -> Path:
         """Write a whole point atomically; an 'ok' point already there is kept (first wins)."""
@@ -60,12 +70,14 @@ class Store:
         tmp = Path(tempfile.mkdtemp(prefix=f".{point_id}.", dir=self.points))
         tmp.chmod(0o755)
         try:
-            (tmp / "summary.json").write_text(json.dumps(summary, indent=1, default=_json_default))
+            # whether requests.parquet belongs beside it: a point whose file is gone is then damaged, not "ok"
+            record = {**summary, "requests_stored": requests is not None}
+            (tmp / "summary.json").write_text(json.dumps(record, indent=1, default=_json_default))
             if requests is not None:
                 table = pa.table({c: [r.get(c) for r in requests] for c in REQUEST_COLUMNS})
                 pq.write_table(table, tmp / "requests.parquet")
             if final.exists():
-                if self.status(point_id) == "ok":
+                if self.status(point_id) == "ok":     # a damaged one is replaced like a failed one
                     return final           # someone else finished it first
                 shutil.rmtree(final, ignore_errors=True)  # replace a failed attempt
             try:
@@ -79,16 +91,17 @@ class Store:
         return final
 
     def summaries(self) -> Iterator[dict[str, Any]]:
-        """Every stored point's summary, in point-id order, its metrics recomputed from its requests."""
+        """Every stored point's summary, in point-id order, its metrics recomputed from its requests. A damaged
+        point is left out and named in :attr:`damaged` (point id -> why) once the iteration has passed it."""
+        self.damaged = {}
         if not self.points.is_dir():
             return
         for d in sorted(self.points.iterdir()):
-            f = d / "summary.json"
-            if d.name.startswith(".") or not f.is_file():
+            if d.name.startswith(".") or not (d / "summary.json").is_file():
                 continue
-            try:
-                summary = json.loads(f.read_text())
-            except (OSError, json.JSONDecodeError):
+            summary, why = _read_point(d)
+            if why:
+                self.damaged[d.name] = why
                 continue
             yield self._with_metrics(d, summary)
 
@@ -111,13 +124,57 @@ class Store:
         return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _read_point(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None) for a whole point folder, (None, why) for a damaged one: a kill cannot leave one (points
+    are renamed into place whole), but a disk, a copy or a hand can."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"summary.json does not parse ({type(e).__name__}: {str(e)[:120]})"
+    if not isinstance(summary, dict):
+        return None, "summary.json holds no point record"
+    missing = [k for k in ("status", "config") if k not in summary]
+    if summary.get("status") not in ("ok", "failed"):
+        return None, f"summary.json's status is {summary.get('status')!r}, neither ok nor failed"
+    if summary["status"] == "ok":
+        missing += [] if "metrics" in summary else ["metrics"]
+    if missing:
+        return None, f"summary.json lacks {', '.join(missing)}"
+    path = folder / "requests.parquet"
+    if summary["status"] == "ok" and path.is_file():
+        try:
+            pq.read_metadata(path)
+        except Exception as e:     # pyarrow raises several kinds for a file that is not parquet
+            return None, f"requests.parquet is unreadable ({type(e).__name__})"
+    elif summary["status"] == "ok" and summary.get("requests_stored"):
+        # (points written before the store recorded this, and hand-made ones, say nothing: a missing file there
+        # cannot be told from one never written)
+        return None, "requests.parquet is missing"
+    return summary, None
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, renamed over it)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; renamed over ``path`` when the block ends without an error,
+    removed otherwise. A kill mid-write leaves the old file (and a hidden ``.name.*`` temporary), never half a
+    new one: for outputs such as report.pdf, which a reader must never find truncated."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _json_default(x):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.sweep import fmt_ratio, memory_order
+from harness.store import atomic_file, atomic_write
 
 from . import figures
 
@@ -80,8 +81,10 @@ def build_report(store, result: dict[str, Any] | None = None) -> Path:
         raise ValueError(f"{store.root}: no finished points to report on; run the sweep first")
     figs = make_figures(store, result)
     prov = next((s.get("provenance") for s in store.summaries() if s.get("provenance")), {})
-    (store.root / "report.html").write_text(render_html(result, figs, prov))
-    write_pdf(store.root / "report.pdf", result, figs, prov)
+    # whole or not at all: a kill mid-report leaves the last good report, never half a new one
+    atomic_write(store.root / "report.html", render_html(result, figs, prov))
+    with atomic_file(store.root / "report.pdf") as tmp:
+        write_pdf(tmp, result, figs, prov)
     import matplotlib.pyplot as plt
 
     for _, fig in figs:
@@ -153,6 +156,8 @@ def render_html(result: dict[str, Any], figs, prov: dict[str, Any]) -> str:
                         "</figcaption></figure>" for t, f in figs)
     paper = "".join(f"<li>{e(line)}</li>" for line in paper_figures())
     fails = "".join(f"<li>{e(f['point_id'])}: {e(str(f['reason']))}</li>" for f in result["failed"])
+    fails += "".join(f"<li>{e(d['point_id'])} (damaged, left out; a rerun of the sweep redoes it): "
+                     f"{e(str(d['reason']))}</li>" for d in result.get("damaged") or [])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>CommitBench report</title>
 <style>

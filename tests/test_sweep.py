@@ -104,6 +104,52 @@ def test_rerun_skips_finished_points(tmp_path):
     assert stamps == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "s" / "points").iterdir()}
 
 
+def test_a_damaged_point_is_named_left_out_and_redone_by_a_rerun(tmp_path):
+    """Four kinds of damage a disk, a copy or a hand can do to finished points. Before: a truncated summary.json was
+    skipped without a word, {"status": "ok"} broke analyze, report and the rerun with KeyError: 'config', a deleted
+    requests.parquet silently dropped the point's curve, a garbage one was never repaired."""
+    args = ("sweep", *QUICK, "concurrency=[4,8,16]", "strategy=[store_all]", f"out={tmp_path / 's'}")
+    assert harness(*args).returncode == 0
+    pts = tmp_path / "s" / "points"
+    ids = sorted(p.name for p in pts.iterdir())
+    good = {i: (pts / i / "requests.parquet").read_bytes() for i in ids}
+    (pts / ids[0] / "summary.json").write_text((pts / ids[0] / "summary.json").read_text()[:200])
+    (pts / ids[1] / "summary.json").write_text('{"status": "ok"}')
+    (pts / ids[2] / "requests.parquet").unlink()
+    reasons = ["summary.json does not parse", "summary.json lacks config, metrics", "requests.parquet is missing"]
+    analyzed = harness("analyze", str(tmp_path / "s"))
+    assert analyzed.returncode == 0, analyzed.stderr[-2000:]
+    said = " ".join(analyzed.stdout.split())
+    for i, why in zip(ids, reasons):
+        assert f"{i}: {why}" in said, said
+    rerun = harness(*args)
+    said = " ".join(rerun.stdout.split())
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "3 to run" in said and all(f"damaged: {i}: {why}" in said for i, why in zip(ids, reasons))
+    assert said.count("; runs again") == 3
+    assert all((pts / i / "requests.parquet").read_bytes() == good[i] for i in ids)      # the same points again
+    (pts / ids[0] / "requests.parquet").write_bytes(b"not parquet at all")
+    again = harness(*args)
+    assert "damaged: " + ids[0] + ": requests.parquet is unreadable" in " ".join(again.stdout.split())
+    assert (pts / ids[0] / "requests.parquet").read_bytes() == good[ids[0]]
+    assert "damaged:" not in harness(*args).stdout
+
+
+def test_an_output_written_atomically_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    from harness.store import atomic_file
+
+    path = tmp_path / "report.pdf"
+    path.write_bytes(b"the last good report")
+    with pytest.raises(RuntimeError):
+        with atomic_file(path) as tmp:
+            tmp.write_bytes(b"half a new rep")
+            raise RuntimeError("killed mid-write")
+    assert path.read_bytes() == b"the last good report" and sorted(tmp_path.iterdir()) == [path]
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(b"a new report")
+    assert path.read_bytes() == b"a new report" and sorted(tmp_path.iterdir()) == [path]
+
+
 def test_metrics_are_recomputed_from_the_stored_requests_so_a_metric_fix_reaches_old_sweeps(tmp_path):
     """summary.json's metrics are what the run computed; the store derives them again from requests.parquet (a
     copy tampered with, as an old sweep under a since-fixed metric would be, does not reach analysis)."""
@@ -123,10 +169,11 @@ def test_metrics_are_recomputed_from_the_stored_requests_so_a_metric_fix_reaches
     assert again["metrics"]["output_throughput"] == stored["metrics"]["output_throughput"] != 1.0
     rows = {r["point_id"]: r for r in analyze(Store(tmp_path / "s"))["points"]}
     assert rows[first["point_id"]]["output_throughput"] == stored["metrics"]["output_throughput"]
-    # Without its requests (not stored) a point keeps the metrics its run wrote.
+    # Its requests gone, the point is damaged, not an "ok" point with the run's (here tampered) numbers
     (store.points / first["point_id"] / "requests.parquet").unlink()
-    kept = {s["point_id"]: s for s in Store(tmp_path / "s").summaries()}[first["point_id"]]
-    assert kept["metrics"]["output_throughput"] == 1.0
+    after = Store(tmp_path / "s")
+    assert first["point_id"] not in {s["point_id"] for s in after.summaries()}
+    assert after.damaged == {first["point_id"]: "requests.parquet is missing"}
 
 
 def test_the_anchor_runs_first_in_every_command_and_is_measured_again_when_a_campaign_resumes(tmp_path):
@@ -414,7 +461,7 @@ def test_an_anchor_outside_the_grid_names_the_grid_s_points_and_touches_nothing(
 
 def _summary(status="ok", tput=100.0, reason=None):
     return {"status": status, "reason": reason, "metrics": {"output_throughput": tput} if status == "ok" else None,
-            "provenance": {"time_utc": "t", "host": "h"}}
+            "config": {}, "provenance": {"time_utc": "t", "host": "h"}}
 
 
 def test_drift_counts_only_the_anchor_s_own_measurements_and_credits_the_grid_copy_to_its_last_writer(tmp_path):
@@ -542,13 +589,60 @@ def test_resume_after_a_killed_sweep(tmp_path):
 def test_a_failing_point_is_recorded_and_the_rest_completes(tmp_path):
     # gmu=0.42 leaves the 35B model no KV memory on an H200: that point fails, the others run.
     out = harness("sweep", *QUICK, "gmu=0.42,0.9", f"out={tmp_path / 's'}")
-    assert out.returncode == 0, out.stderr[-2000:]
+    # the other points ran and were reported on, and the command says it failed (scripts see exit status 1)
+    assert out.returncode == 1, out.stderr[-2000:]
     statuses = {s["point_id"]: s for s in Store(tmp_path / "s").summaries()}
     failed = [s for s in statuses.values() if s["status"] == "failed"]
     assert len(statuses) == 8 and len(failed) == 4
     assert all("gmu=0.42" in s["reason"] and "leaves no KV memory" in s["reason"] for s in failed)
-    assert "failed:" in out.stdout and "(4 failed)" in out.stdout
+    said = " ".join(out.stdout.split())
+    assert "(4 failed)" in said and "4 of 8 points failed (exit status 1)" in said
+    # every failed point is named with its reason, not only the first few
+    assert all(s["point_id"] in said for s in failed) and "leaves no KV memory" in said
     assert "leaves no KV memory" in (tmp_path / "s" / "report.html").read_text()
+    # a rerun that finds them still failed says so again; one that runs nothing new but has none failed exits 0
+    again = harness("sweep", *QUICK, "gmu=0.42,0.9", "retry_failed=false", f"out={tmp_path / 's'}")
+    assert again.returncode == 1 and "retry_failed=true" in " ".join(again.stdout.split())
+    assert harness("sweep", *QUICK, "gmu=0.9", f"out={tmp_path / 's'}").returncode == 0
+
+
+def test_a_point_whose_requests_all_fail_is_failed_and_a_sweep_of_only_such_points_names_why(tmp_path):
+    # max_model_len=16: the simulator rejects every request (prompt + output exceed it), as vLLM answers HTTP 400.
+    # Before, each point was "ok" with 0 completed requests, and the sweep said "4 ok, 0 failed" and exited 0.
+    out = harness("sweep", *QUICK, "max_model_len=16", f"out={tmp_path / 's'}")
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 1, out.stderr[-2000:]
+    points = list(Store(tmp_path / "s").summaries())
+    assert len(points) == 4 and all(p["status"] == "failed" for p in points)
+    for p in points:
+        n = p["metrics"]["requests"]
+        assert p["reason"].startswith(f"{n} of {n} requests failed ({n} errored or were rejected)"), p["reason"]
+        assert "thresholds.failed_requests=0.01" in p["reason"] and "exceed max_model_len=16" in p["reason"]
+    # no report of nothing, but the reasons, on the console (before: "no finished points to report on")
+    assert "no report: no point" in said and "exceed max_model_len=16" in said
+    assert not (tmp_path / "s" / "report.html").exists()
+
+
+@pytest.mark.parametrize("limit, status", [(0.0, "failed"), (0.5, "ok")])
+def test_requests_that_return_fewer_tokens_than_asked_count_against_the_failed_requests_threshold(limit, status):
+    from harness.engines.base import RequestRecord
+    from harness.point import too_many_failed
+    from analysis.metrics import point_metrics
+
+    recs = [RequestRecord(id=i, arrival_s=0.0, prompt_len=10, output_len=8, first_token_s=0.1, finish_s=1.0,
+                          output_tokens=8 if i else 3) for i in range(4)]
+    m = point_metrics(recs)
+    assert (m["completed"], m["short"], m["failed"], m["errored"]) == (3, 1, 1, 0)
+    why = too_many_failed(m, recs, limit)
+    assert (why is None) == (status == "ok")
+    if why:
+        assert why.startswith("1 of 4 requests failed (1 returned fewer tokens than asked)"), why
+
+
+def test_failed_requests_threshold_is_validated(tmp_path):
+    out = harness("sweep", *QUICK, "thresholds.failed_requests=1.5", f"out={tmp_path / 's'}", timeout=120)
+    assert out.returncode == 2 and "thresholds.failed_requests=1.5" in out.stderr and "[0, 1)" in out.stderr
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.parametrize("override, match", [
@@ -624,11 +718,12 @@ def test_hydra_launchers_fan_points_into_one_store(tmp_path, launcher):
 
 def test_concurrent_writers_keep_the_first_complete_point(tmp_path):
     store = Store(tmp_path)
-    store.write("p", {"status": "ok", "v": 1}, [{"id": 0}])
-    store.write("p", {"status": "ok", "v": 2}, [{"id": 1}])   # a late duplicate is dropped
+    whole = {"status": "ok", "config": {}, "metrics": {}}
+    store.write("p", {**whole, "v": 1}, [{"id": 0}])
+    store.write("p", {**whole, "v": 2}, [{"id": 1}])   # a late duplicate is dropped
     assert json.loads((tmp_path / "points" / "p" / "summary.json").read_text())["v"] == 1
-    store.write("q", {"status": "failed", "reason": "x"}, None)
-    store.write("q", {"status": "ok", "v": 3}, [{"id": 0}])   # a retry replaces a failure
+    store.write("q", {"status": "failed", "reason": "x", "config": {}}, None)
+    store.write("q", {**whole, "v": 3}, [{"id": 0}])   # a retry replaces a failure
     assert store.status("q") == "ok"
     assert not [p for p in (tmp_path / "points").iterdir() if p.name.startswith(".")]
 
