@@ -133,11 +133,9 @@ def _read_point(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"summary.json does not parse ({type(e).__name__}: {str(e)[:120]})"
     if not isinstance(summary, dict):
         return None, "summary.json holds no point record"
-    missing = [k for k in ("status", "config") if k not in summary]
     if summary.get("status") not in ("ok", "failed"):
         return None, f"summary.json's status is {summary.get('status')!r}, neither ok nor failed"
-    if summary["status"] == "ok":
-        missing += [] if "metrics" in summary else ["metrics"]
+    missing = [k for k in ("config", "metrics") if k not in summary and (k == "config" or summary["status"] == "ok")]
     if missing:
         return None, f"summary.json lacks {', '.join(missing)}"
     path = folder / "requests.parquet"

@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness.store import atomic_write
+
 from .build import _png
 from .figures import COLORS, plt
 
@@ -181,7 +183,7 @@ Triton {e(str(result.get('triton')))}, torch {e(str(prov.get('torch')))}, commit
 {_layer_table(result)}
 {"<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + body_rows + "</table>" if body_rows else ""}
 </body></html>"""
-    path.write_text(doc)
+    atomic_write(path, doc)     # as the sweep's report: never half a page where a good one was
     return path
 
 

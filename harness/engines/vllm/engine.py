@@ -150,8 +150,8 @@ class VLLMEngine:
         self.starts = 0
         self.startup: dict[str, Any] = {}
         self.failed: dict[ServerSettings, str] = {}   # settings whose server would not start: fail fast
-        # where run() is: "idle", "starting", "warm-up" or "measured run" (for watchers: a fault-injection
-        # test waits for "measured run" rather than guessing how long the warm-up takes)
+        # where run() is: "idle", "starting", "warm-up" or "measured run" (for watchers: the tests that kill or
+        # stop the server wait for "measured run" rather than guessing how long the warm-up takes)
         self.phase = "idle"
 
     # -- lifecycle ---------------------------------------------------------------------------
