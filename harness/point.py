@@ -26,6 +26,7 @@ import workloads
 from analysis.metrics import point_metrics
 
 from .engines.base import GPUSpec, Point, PointResult
+from .identity import point_identity, sweep_identity, with_hash
 from .model import ModelSpec
 from .provenance import provenance
 from .store import Store
@@ -143,7 +144,8 @@ def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
     """Run one point and store it; a failure is stored with its reason instead of raised."""
     pid = point_id(cfg)
     t0 = time.perf_counter()
-    summary: dict[str, Any] = {"point_id": pid, "config": cfg, "engine": cfg["engine"]["name"]}
+    summary: dict[str, Any] = {"point_id": pid, "config": cfg, "engine": cfg["engine"]["name"],
+                               "identity": with_hash(point_identity(cfg))}   # what the point measured (not where)
     try:
         result: PointResult = engine_for(cfg, store).run(build_point(cfg))
         recs = [r.__dict__ for r in result.requests]
@@ -182,9 +184,11 @@ def main() -> None:
         # config (command-line workload.* overrides included) is merged onto it as the sweep's workload settings
         (pc,) = point_configs(c)
         store = Store(c["out"])
+        identity = with_hash(sweep_identity([pc], c["baseline"], c["thresholds"], c.get("requests")))
+        store.check_identity(identity)     # the jobs divide the grid between them; none may join another's
         if not (store.root / "sweep.json").exists():  # the first job describes the sweep (atomic; any may)
             store.init({"sweep_name": "hydra-multirun", "model": c["model"]["name"], "gpu": c["gpu"]["name"],
-                        "baseline": c["baseline"], "thresholds": c["thresholds"]})
+                        "baseline": c["baseline"], "thresholds": c["thresholds"], "identity": identity})
         try:
             s = run_point(pc, store)
         finally:

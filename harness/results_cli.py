@@ -45,12 +45,17 @@ def run_one(cfg: DictConfig) -> int:
                          "(workload, gmu, concurrency or rate, strategy, draft)")
     from .point import run_point
 
-    store = Store(c["out"] or "results/runs")
-    store.points.mkdir(parents=True, exist_ok=True)
-    if not (store.root / "sweep.json").exists():     # what analysis reads: the baseline and the thresholds
-        store.init({"sweep_name": "run", "model": c["model"]["name"], "gpu": c["gpu"]["name"],
-                    "baseline": c["baseline"], "thresholds": c["thresholds"]})
-    s = run_point(points[0], store)
+    from .identity import sweep_identity, with_hash
+    from .sweep import claim, grown
+
+    identity = with_hash(sweep_identity(points, c["baseline"], c["thresholds"], c.get("requests")))
+    store, stack = claim(Path(c["out"] or "results/runs"), identity, "refuse")
+    with stack:
+        # what analysis reads: the baseline and the thresholds
+        store.init(grown(store.sweep_config(), {"sweep_name": "run", "model": c["model"]["name"],
+                                                "gpu": c["gpu"]["name"], "baseline": c["baseline"],
+                                                "thresholds": c["thresholds"], "identity": identity}))
+        s = run_point(points[0], store)
     print(json.dumps({k: s.get(k) for k in ("point_id", "status", "reason", "metrics")}, indent=1, default=str))
     return 0 if s["status"] == "ok" else 1
 

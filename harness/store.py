@@ -1,6 +1,8 @@
 """The result store: one folder per sweep, one atomic folder per point.
 
-    DIR/sweep.json                     the sweep's composed config (what was asked)
+    DIR/sweep.json                     the sweep's composed config (what was asked; its grid the union of the
+                                       grids run into the folder) and the experiment's identity (harness.identity)
+    DIR/.lock                          held by the sweep writing into the folder (who, since when)
     DIR/points/<point_id>/summary.json status, fully resolved config, provenance, metrics, telemetry
     DIR/points/<point_id>/requests.parquet   one row per request
 
@@ -45,6 +47,52 @@ class Store:
     def init(self, sweep_cfg: dict[str, Any]) -> None:
         self.points.mkdir(parents=True, exist_ok=True)
         atomic_write(self.root / "sweep.json", json.dumps(sweep_cfg, indent=2, default=str))
+
+    def identity(self) -> dict[str, Any] | None:
+        """The identity of the experiment this folder holds (sweep.json's, or for a folder written before
+        identities were recorded, its stored points'), or None for an empty folder."""
+        from harness.identity import legacy
+
+        sweep = self.sweep_config()
+        if sweep.get("identity"):
+            return sweep["identity"]
+        folders = sorted(self.points.iterdir()) if self.points.is_dir() else []
+        return legacy((_read_point(d)[0] or {} for d in folders
+                       if not d.name.startswith(".") and (d / "summary.json").is_file()), sweep)
+
+    def check_identity(self, identity: dict[str, Any]) -> None:
+        """Raise :class:`IdentityMismatch` if the folder holds another experiment than ``identity``."""
+        from harness.identity import differences
+
+        held = self.identity()
+        if held is not None and (diff := differences(held, identity)):
+            raise IdentityMismatch(self.root, diff)
+
+    @contextmanager
+    def lock(self, what: str = "sweep") -> Iterator[None]:
+        """Hold the folder for one writer: a second sweep into it fails at once, naming the first, instead of
+        running the same points twice. The kernel releases it when the holder dies (flock), so a killed sweep
+        leaves no stale lock."""
+        import fcntl
+        import socket
+        import time
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+                raise FolderBusy(f"out={self.root}: {holder} is writing into this folder; wait for it to end, "
+                                 "or give this command another out=") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()}, since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)      # releases the lock
 
     # -- points ----------------------------------------------------------------------
     def status(self, point_id: str) -> str | None:
@@ -122,6 +170,22 @@ class Store:
     def sweep_config(self) -> dict[str, Any]:
         path = self.root / "sweep.json"
         return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class IdentityMismatch(ValueError):
+    """A command's experiment is not the one its out= folder holds."""
+
+    def __init__(self, root: Path, diff: list[str]):
+        self.root, self.diff = root, diff
+        super().__init__(
+            f"out={root} holds another experiment: " + "; ".join(diff[:8])
+            + (f" (and {len(diff) - 8} more)" if len(diff) > 8 else "")
+            + ". Its points would be relabelled or mixed with this command's, so nothing ran: give another out=, "
+            "or identity_mismatch=new_folder to write into the next free <out>-N folder")
+
+
+class FolderBusy(ValueError):
+    """Another sweep holds the folder's lock."""
 
 
 def _read_point(folder: Path) -> tuple[dict[str, Any] | None, str | None]:

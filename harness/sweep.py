@@ -8,7 +8,10 @@ finished point readable.
 
 from __future__ import annotations
 
+import itertools
+import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,9 +22,10 @@ from .anchor import pick as pick_anchor
 from .budget import TimeBudget, process_age_s
 from .compile_cache import compile_key, compiled_kinds, note_compiled
 from .config import resolve_engine
-from .grid import as_list, point_configs, validate
+from .grid import AXES, as_list, point_configs, validate
 from .point import close_engines, point_id, run_point
-from .store import Store
+from .identity import sweep_identity, with_hash
+from .store import IdentityMismatch, Store
 
 
 def default_out(cfg: dict[str, Any]) -> Path:
@@ -31,11 +35,6 @@ def default_out(cfg: dict[str, Any]) -> Path:
 
 
 def run(cfg: DictConfig) -> int:
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    from .console import console as make_console
-
     c = OmegaConf.to_container(cfg, resolve=True)
     resolve_engine(c["engine"]["name"])
     validate(c)
@@ -54,10 +53,59 @@ def run(cfg: DictConfig) -> int:
             raise ValueError(f"time_budget_s={c['time_budget_s']} with jobs={c.get('jobs')}: the budget decides "
                              "before each point, one at a time; use jobs=1, or time_budget_s=null")
     out = Path(c["out"]) if c.get("out") else default_out(c)
-    store = Store(out)
-    # time_budget_s belongs to the command, not to the experiment: calls.json records it, sweep.json does not
-    store.init({k: v for k, v in c.items() if k not in ("model", "gpu", "time_budget_s")}
-               | {"model": c["model"]["name"], "gpu": c["gpu"]["name"]})
+    identity = with_hash(sweep_identity(points, c["baseline"], c.get("thresholds"), c.get("requests")))
+    store, stack = claim(out, identity, c.get("identity_mismatch", "refuse"))
+    with stack:
+        return _run(c, points, anchor, engine_name, budget, store, identity)
+
+
+def claim(out: Path, identity: dict[str, Any], on_mismatch: str) -> tuple[Store, ExitStack]:
+    """The store this command writes into, locked for it (a second writer fails at once, naming the first), and
+    checked to hold the same experiment (:mod:`harness.identity`): on a mismatch, refused, or with
+    ``identity_mismatch=new_folder`` the next free ``<out>-N``, said so. Nothing is written before this."""
+    if on_mismatch not in ("refuse", "new_folder"):
+        raise ValueError(f"identity_mismatch={on_mismatch}: choose refuse (the default) or new_folder")
+    for n in itertools.count(1):
+        folder = out if n == 1 else out.with_name(f"{out.name}-{n}")
+        if folder.exists() and not folder.is_dir():
+            if n > 1:
+                continue
+            raise ValueError(f"out={folder}: a file, not a folder; give a folder (it is created if missing)")
+        store = Store(folder)
+        try:
+            store.root.mkdir(parents=True, exist_ok=True)
+            tempfile.NamedTemporaryFile(dir=store.root, prefix=".write-test.").close()
+        except OSError as e:
+            raise ValueError(f"out={folder}: cannot write there ({type(e).__name__}: {e.strerror or e}); give a "
+                             "folder you can write to") from None
+        stack = ExitStack()
+        stack.enter_context(store.lock())
+        try:
+            store.check_identity(identity)
+        except IdentityMismatch as e:
+            stack.close()
+            if on_mismatch == "refuse":
+                raise
+            print(f"identity_mismatch=new_folder: {folder} holds another experiment ({e.diff[0]}, ...)")
+            continue
+        if folder != out:
+            print(f"identity_mismatch=new_folder: writing into {folder}")
+        return store, stack
+    raise AssertionError("unreachable")
+
+
+def _run(c: dict[str, Any], points: list[dict[str, Any]], anchor: dict[str, Any] | None, engine_name: str,
+         budget: TimeBudget | None, store: Store, identity: dict[str, Any]) -> int:
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from .console import console as make_console
+
+    out = store.root
+    # time_budget_s belongs to the command, not to the experiment: calls.json records it, sweep.json does not.
+    # The grid is the union of the grids run into the folder, so sweep.json describes every point it holds.
+    store.init(grown(store.sweep_config(), {k: v for k, v in c.items() if k not in ("model", "gpu", "time_budget_s")}
+                     | {"model": c["model"]["name"], "gpu": c["gpu"]["name"], "identity": identity}))
     todo, damaged = [], {}
     for p in points:
         status = store.status(point_id(p))
@@ -143,6 +191,20 @@ def run(cfg: DictConfig) -> int:
         console.print(f"[bold red]{len(failed_now)} of {len(points)} points failed[/] (exit status 1); a rerun of the "
                       "same command retries them" + ("" if c["retry_failed"] else " with retry_failed=true"))
     return 1 if failed_now else 0
+
+
+def grown(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """sweep.json for a folder that held ``old`` after a command with ``new``: the new command's settings, each
+    grid axis the union of both (old values first), and the identity's workloads those of both."""
+    out = dict(new)
+    for axis in AXES:
+        if axis in old and axis in new:
+            merged = as_list(old[axis]) + [v for v in as_list(new[axis]) if v not in as_list(old[axis])]
+            out[axis] = merged if isinstance(new[axis], list) or len(merged) > 1 else merged[0]
+    if (old.get("identity") or {}).get("workloads"):
+        out["identity"] = {**new["identity"],
+                           "workloads": {**old["identity"]["workloads"], **new["identity"]["workloads"]}}
+    return out
 
 
 def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_server: bool,

@@ -1,0 +1,126 @@
+"""A result folder knows the experiment it holds (harness.identity): a command with another model, GPU, engine
+setting, baseline or data refuses to write into it (or takes a new folder when asked), a second writer is
+turned away, bad out= folders are named, and the committed folders still resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.store import Store
+from tests.test_sweep import ROOT, cli
+
+QUICK = ["sweep", "sweep=quick", "gpu=h200", "engine=sim", "workload=spec_bench", "concurrency=[2]",
+         "report=false"]
+
+
+def _state(out: Path) -> tuple[str, dict[str, bytes]]:
+    """sweep.json and every point's summary.json, byte for byte."""
+    return ((out / "sweep.json").read_text(),
+            {p.name: (p / "summary.json").read_bytes() for p in sorted((out / "points").iterdir())})
+
+
+def test_another_model_and_gpu_into_a_folder_are_refused_and_nothing_is_relabelled(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert cli(capsys, *QUICK, f"out={out}").returncode == 0
+    before = _state(out)
+    r = cli(capsys, *QUICK, "model=qwen35_9b", "gpu=h100", f"out={out}")
+    assert r.returncode == 2
+    assert "holds another experiment" in r.stderr and 'model.name: "qwen35_35b" -> "qwen35_9b"' in r.stderr
+    assert 'gpu.name: "h200" -> "h100"' in r.stderr and "identity_mismatch=new_folder" in r.stderr
+    assert _state(out) == before
+    assert json.loads((out / "sweep.json").read_text())["model"] == "qwen35_35b"
+    # asked for, the new experiment takes the next free folder
+    r = cli(capsys, *QUICK, "model=qwen35_9b", "gpu=h100", f"out={out}", "identity_mismatch=new_folder")
+    assert r.returncode == 0 and f"writing into {out}-2" in r.stdout
+    assert _state(out) == before
+    assert json.loads((tmp_path / "s-2" / "sweep.json").read_text())["identity"]["model"]["name"] == "qwen35_9b"
+    summary = json.loads(next((tmp_path / "s-2" / "points").glob("*/summary.json")).read_text())
+    assert summary["identity"]["model"]["name"] == "qwen35_9b" and summary["identity"]["hash"]
+
+
+@pytest.mark.parametrize("override, field", [
+    ("engine.efficiency.bandwidth=0.5", "engine.settings.efficiency.bandwidth"),
+    ("seed=1", "run.seed"),
+    ("max_num_seqs=64", "run.max_num_seqs"),
+    ("baseline=treewy", "analysis.baseline"),
+    ("workload.filters.max_prompt_len=512", "workloads.spec_bench.settings.filters"),
+])
+def test_a_setting_that_changes_results_is_part_of_the_identity(tmp_path, capsys, override, field):
+    out = tmp_path / "s"
+    assert cli(capsys, *QUICK, f"out={out}").returncode == 0
+    r = cli(capsys, *QUICK, override, f"out={out}")
+    assert r.returncode == 2 and f"{field}:" in r.stderr
+
+
+def test_operational_settings_and_the_command_s_own_are_not(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert cli(capsys, *QUICK, f"out={out}").returncode == 0
+    r = cli(capsys, *QUICK, "engine.kv_usage_samples=50", "retry_failed=false", "time_budget_s=null",
+            f"out={out}")
+    assert r.returncode == 0 and "0 to run" in r.stdout
+
+
+def test_the_data_behind_a_workload_is_hashed(tmp_path, capsys):
+    data = tmp_path / "question.jsonl"
+    shutil.copy(ROOT / "workloads" / "data" / "spec_bench" / "question.jsonl", data)
+    out = tmp_path / "s"
+    assert cli(capsys, *QUICK, f"workload.path={data}", f"out={out}").returncode == 0
+    lines = data.read_text().splitlines()
+    data.write_text("\n".join(lines[:-40]) + "\n")            # the same path, other questions
+    r = cli(capsys, *QUICK, f"workload.path={data}", f"out={out}")
+    assert r.returncode == 2 and "workloads.spec_bench.source_sha256" in r.stderr
+
+
+def test_a_grid_that_grows_with_the_same_identity_resumes_and_sweep_json_lists_every_point(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert cli(capsys, *QUICK, "strategy=[store_all,treewy]", f"out={out}").returncode == 0
+    r = cli(capsys, *QUICK, "strategy=[store_all,replay]", "concurrency=[2,4]", f"out={out}")
+    assert r.returncode == 0 and "4 points, 1 already in" in r.stdout     # store_all at c2
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["strategy"] == ["store_all", "treewy", "replay"] and sweep["concurrency"] == [2, 4]
+    points = {s["point_id"] for s in Store(out).summaries()}
+    assert len(points) == 5          # c2: store_all, treewy, replay; c4: store_all, replay
+
+
+def test_a_second_writer_is_turned_away_naming_the_first(tmp_path, capsys):
+    out = tmp_path / "s"
+    with Store(out).lock("test holder"):
+        r = cli(capsys, *QUICK, f"out={out}")
+    assert r.returncode == 2 and "test holder" in r.stderr and "is writing into this folder" in r.stderr
+    assert not (out / "points").exists()
+    assert cli(capsys, *QUICK, f"out={out}").returncode == 0     # released: the next command runs
+
+
+def test_an_out_that_is_a_file_or_cannot_be_written_is_named(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("keep me")
+    r = cli(capsys, *QUICK, f"out={f}")
+    assert r.returncode == 2 and f"out={f}: a file, not a folder" in r.stderr and f.read_text() == "keep me"
+    r = cli(capsys, *QUICK, "out=/proc/self/commitbench")      # unwritable even for root
+    assert r.returncode == 2 and "out=/proc/self/commitbench: cannot write there" in r.stderr
+
+
+def test_committed_folders_without_an_identity_resume_through_their_points(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from harness.grid import compose_sweep, point_configs
+    from harness.identity import differences, sweep_identity
+
+    folder = ROOT / "results" / "h200-kernel-speed" / "e2e" / "capture2048"
+    assert "identity" not in json.loads((folder / "sweep.json").read_text())
+    c = OmegaConf.to_container(compose_sweep(["sweep=h200_kernel_speed", "engine=vllm"]), resolve=True)
+    held = Store(folder).identity()
+    assert held["engine"]["name"] == "vllm" and held["model"]["name"] == "qwen35_35b"
+    assert "source_sha256" not in held["workloads"]["sharegpt"]     # never recorded: not compared
+    # the campaign's own settings (its requests come from an export the GPU host carries, not in a clone)
+    now = sweep_identity(point_configs(c), c["baseline"], c["thresholds"], c["requests"])
+    assert differences({k: v for k, v in held.items() if k != "workloads"}, now) == []
+    # the campaign's own command: no difference but the export (resumes); a simulator run into a copy: refused
+    copy = tmp_path / "capture2048"
+    shutil.copytree(folder, copy)
+    r = cli(capsys, "sweep", "sweep=h200_kernel_speed", "engine=sim", "report=false", f"out={copy}")
+    assert r.returncode == 2 and 'engine.name: "vllm" -> "sim"' in r.stderr
