@@ -52,6 +52,7 @@ def point_metrics(records: Iterable, telemetry: Mapping[str, Any] | None = None)
             "mean_running": telemetry.get("mean_running"),
             "waiting_for_memory_s": telemetry.get("waiting_for_memory_s"),
             "requests_waited_for_memory": telemetry.get("requests_waited_for_memory"),
+            **_evidence(telemetry),
             "num_blocks": telemetry.get("num_blocks"),
             "max_concurrency": telemetry.get("max_concurrency_max_len"),
             "spec_state_bytes": telemetry.get("spec_state_bytes"),
@@ -59,6 +60,19 @@ def point_metrics(records: Iterable, telemetry: Mapping[str, Any] | None = None)
             "itl_p99": (telemetry.get("itl_s") or {}).get("p99"),
         })
     return out
+
+
+def _evidence(telemetry: Mapping[str, Any]) -> dict[str, Any]:
+    """The memory-bound evidence (analysis.regimes.memory_bound reads it) and the queue's waits by reason, flat:
+    ``memory_evidence`` is its source ('admission': the simulator's decisions; 'metrics': vLLM's samples;
+    None: no evidence recorded, e.g. a point stored before it was)."""
+    ev = telemetry.get("memory_evidence")
+    waits = telemetry.get("waiting_s") or {}
+    return {"memory_evidence": ev.get("source") if isinstance(ev, Mapping) else None,
+            "memory_refusals": ev.get("refusals") if isinstance(ev, Mapping) else None,
+            "blocked_kv_peak": ev.get("blocked_kv_peak") if isinstance(ev, Mapping) else None,
+            "blocked_samples": ev.get("blocked_samples") if isinstance(ev, Mapping) else None,
+            **{f"wait_{k}_s": v for k, v in waits.items()}}
 
 
 def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:

@@ -1,7 +1,8 @@
 """Memory-bound classification and regime-split ratios of each strategy to the baseline.
 
-A (workload, load, memory budget) point is memory-bound when the *baseline's* KV pool was exhausted: peak
-usage at the cap, any preemption, or requests that waited for memory (thresholds from conf).
+A (workload, load, memory budget) point is memory-bound when the *baseline's* KV pool bound its batch: a
+preemption, or requests that waited for blocks (:func:`memory_bound`; thresholds from conf). Unknown where the
+telemetry cannot say.
 Ratios are strategy / baseline for throughput and baseline / strategy for latencies ("x lower").
 """
 
@@ -15,32 +16,54 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When a point is memory-bound: any one of these (values: conf/thresholds/memory_bound.yaml, recorded in
-    each sweep.json)."""
-    peak_kv_usage: float                 # fraction of the pool
+    """When a point is memory-bound (values: conf/thresholds/memory_bound.yaml, recorded in each sweep.json)."""
+    peak_kv_usage: float                 # the pool's usage, in a sample where requests waited with seats free
     preemptions: int                     # at least this many
-    waited_fraction: float               # of the point's requests waited for memory
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | None) -> "Thresholds":
         if not cfg:
             raise ValueError("no memory-bound thresholds: a sweep records them in sweep.json; pass them "
                              "(conf/thresholds/memory_bound.yaml's, or analyze(store, thresholds))")
-        # failed_requests (a sweep's too: when a point fails) decides at run time, not here
-        return cls(**{k: v for k, v in dict(cfg).items() if k != "failed_requests"})
+        # failed_requests (a sweep's too: when a point fails) decides at run time, not here; waited_fraction
+        # (older sweeps record it) belonged to the TTFT proxy this classification replaced
+        return cls(**{k: v for k, v in dict(cfg).items() if k not in ("failed_requests", "waited_fraction")})
 
 
-def memory_bound(metrics: Mapping[str, Any], th: Thresholds) -> tuple[bool, str]:
-    """(memory-bound?, the reason) from the baseline point's metrics."""
-    reasons = []
-    if (metrics.get("peak_kv_usage") or 0) >= th.peak_kv_usage:
-        reasons.append(f"peak KV usage {metrics['peak_kv_usage']:.0%}")
-    if (metrics.get("preemptions") or 0) >= th.preemptions:
-        reasons.append(f"{metrics['preemptions']} preemptions")
-    waited = (metrics.get("requests_waited_for_memory") or 0) / max(metrics.get("requests") or 1, 1)
-    if waited >= th.waited_fraction:
-        reasons.append(f"{waited:.0%} of requests waited for memory")
-    return bool(reasons), "; ".join(reasons) or "pool never exhausted"
+def memory_bound(metrics: Mapping[str, Any], th: Thresholds) -> tuple[bool | None, str]:
+    """(memory-bound?, the reason) from the baseline point's metrics: True when its KV pool bound the batch,
+    False when it did not, None (unknown) when the telemetry cannot say. The pool bound the batch when a
+    preemption happened, or requests waited for blocks: in the simulator, its scheduler refused a waiting request
+    for want of blocks (``memory_refusals``); on vLLM, in one /metrics sample requests waited while fewer than
+    max_num_seqs ran and the pool's usage was at or above ``th.peak_kv_usage`` (``blocked_kv_peak``, the highest
+    such usage). Waiting for a batch slot (every seat taken) or for the step's token budget is not waiting for
+    memory; the queue's waits by reason are in the ``wait_*_s`` metrics."""
+    pre = metrics.get("preemptions")
+    if pre is not None and pre >= th.preemptions:
+        return True, f"{pre} preemptions"
+    source = metrics.get("memory_evidence")
+    if source == "admission":
+        refusals = metrics.get("memory_refusals") or 0
+        if refusals:
+            return True, (f"waiting requests refused for blocks at {refusals} steps "
+                          f"(peak KV usage {metrics.get('peak_kv_usage') or 0:.0%})")
+        verdict = False
+    elif source == "metrics":
+        peak = metrics.get("blocked_kv_peak")
+        if peak is not None and peak >= th.peak_kv_usage:
+            return True, f"requests waited with seats free at {peak:.0%} KV usage (one /metrics sample)"
+        verdict = False
+    else:
+        # no evidence recorded (a point stored before it was, or an engine that exported no samples): only a
+        # point at which nothing ever waited with seats free is known not to be bound
+        verdict = False if (metrics.get("waiting_for_memory_s") == 0 and pre is not None) else None
+    if pre is None:
+        return None, "unknown: no preemption counter"
+    if verdict is None:
+        return None, ("unknown: no memory-bound evidence recorded (stored before the same-sample rule, or no "
+                      "/metrics samples)")
+    slot = metrics.get("wait_batch_slot_s") or 0
+    return False, "pool never bound the batch" + (f" (queued for a batch slot: {slot:.0f} request-s)" if slot else "")
 
 
 RATIOS = {  # name: (metric, higher is better)

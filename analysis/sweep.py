@@ -23,6 +23,9 @@ from harness.point import memory_budget
 
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
+# the regimes ratios are split by: the baseline's memory_bound verdict (True, False, None: unknown)
+REGIMES = (("memory-bound", True), ("not memory-bound", False), ("unknown", None))
+
 NO_SPEC = "none"                     # a point's draft without speculation
 NO_SPEC_SERIES = "no_spec"           # its line in figures and tables
 #: The metrics a drift table shows per measurement of the anchor (summary.json ``metrics`` keys).
@@ -112,19 +115,24 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
     strategies = sorted({r["strategy"] for r in ok} - {base})
     for s in strategies:
         ratios[s] = {}
-        for regime, want in (("memory-bound", True), ("not memory-bound", False)):
-            sel = [k for k, by in groups.items() if base in by and s in by and by[base].get("memory_bound") == want]
+        for regime, want in REGIMES:
+            sel = [k for k, by in groups.items() if base in by and s in by and k[4] != NO_SPEC
+                   and by[base].get("memory_bound") is want]
+            if want is None and not sel:      # the unknown regime only where a group is unknown
+                continue
             ratios[s][regime] = {name: geomean([ratio(groups[k][s], groups[k][base], name) for k in sel])
                                  for name in RATIOS}
             ratios[s][regime]["points"] = len(sel)
     no_spec = vs_no_spec(groups, base)
-    n_bound = sum(c["memory_bound"] for c in classified)
+    n_bound = sum(c["memory_bound"] is True for c in classified)
+    n_unknown = sum(c["memory_bound"] is None for c in classified)
     engines = sorted({r["engine"] for r in rows if r["engine"]})
     result = {
         "engine": engines[0] if len(engines) == 1 else engines,
         "baseline": base, "thresholds": th.__dict__, "sweep": sweep,
         "counts": {"points": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
-                   "groups": len(classified), "memory_bound": n_bound, "label": f"{n_bound}/{len(classified)}"},
+                   "groups": len(classified), "memory_bound": n_bound, "unknown": n_unknown,
+                   "label": f"{n_bound}/{len(classified)}" + (f" ({n_unknown} unknown)" if n_unknown else "")},
         "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,
         "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
         "damaged": [{"point_id": k, "reason": v} for k, v in sorted(damaged.items())],
@@ -153,16 +161,19 @@ def vs_no_spec(groups: dict[tuple, dict[str, dict]], base: str) -> dict[str, dic
     out: dict[str, dict[str, Any]] = {}
     if not off:
         return out
-    pairs: dict[str, dict[str, list]] = defaultdict(lambda: {"memory-bound": [], "not memory-bound": []})
+    pairs: dict[str, dict[str, list]] = defaultdict(lambda: {"memory-bound": [], "not memory-bound": [],
+                                                             "unknown": []})
     for k, by in groups.items():
         if k[4] == NO_SPEC or k[:4] not in off:
             continue
         for s, row in by.items():
-            regime = "memory-bound" if row.get("memory_bound") else "not memory-bound"
+            regime = dict((w, r) for r, w in REGIMES)[row.get("memory_bound")]
             pairs[s][regime].append((row, off[k[:4]]))
     for s in sorted(pairs, key=lambda n: (n != base, n)):
         out[s] = {}
         for regime, pts in pairs[s].items():
+            if regime == "unknown" and not pts:
+                continue
             out[s][regime] = {name: geomean([ratio(a, b, name) for a, b in pts]) for name in RATIOS}
             out[s][regime]["points"] = len(pts)
     return out

@@ -139,6 +139,14 @@ def validate(cfg: dict[str, Any]) -> None:
                                 or not 0 <= failed < 1):
         raise ValueError(f"thresholds.failed_requests={failed}: the fraction of a point's requests that may fail "
                          "before the point does; give a number in [0, 1), e.g. 0.01")
+    th = cfg.get("thresholds") or {}
+    peak, pre = th.get("peak_kv_usage"), th.get("preemptions")
+    if "thresholds" in cfg and (not isinstance(peak, (int, float)) or isinstance(peak, bool) or not 0 < peak <= 1):
+        raise ValueError(f"thresholds.peak_kv_usage={peak}: the KV pool's usage (a fraction) at which requests "
+                         "waiting with seats free count as waiting for memory; give a number in (0, 1], e.g. 0.95")
+    if "thresholds" in cfg and (not isinstance(pre, int) or isinstance(pre, bool) or pre < 1):
+        raise ValueError(f"thresholds.preemptions={pre}: the preemptions that make a point memory-bound; give a "
+                         "whole number >= 1")
     for axis in AXES:
         if axis in cfg and isinstance(cfg[axis], (list, tuple)) and not cfg[axis]:
             raise ValueError(f"{axis}=[]: the grid needs at least one value on every axis")

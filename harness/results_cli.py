@@ -130,6 +130,14 @@ def compare_cmd(cfg: DictConfig) -> int:
     if differ:
         console.print(f"[bold]note[/]: A and B ran different setups ({'; '.join(differ)}): the ratios above compare "
                       "those setups, not only the engines")
+    # and every other setting the two experiments' identities disagree on (harness.identity)
+    from .identity import differences
+
+    ia, ib = _store(cfg.a).identity(), _store(cfg.b).identity()
+    rest = [d for d in differences(ia, ib) if not d.startswith(("model.name", "gpu.name"))] if ia and ib else []
+    if rest:
+        console.print(f"[bold]note[/]: their identities also differ in {len(rest)} settings: " + "; ".join(rest[:6])
+                      + (" ..." if len(rest) > 6 else ""))
     return 0
 
 

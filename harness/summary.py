@@ -16,7 +16,7 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
     """``result``: :func:`analysis.sweep.analyze`'s. ``report``: the folder whose report.html/pdf to name."""
     c = result["counts"]
     console.print(f"[bold]{c['points']} points[/] ({c['failed']} failed), engine: {result['engine']}; "
-                  f"memory-bound ({result['baseline']}'s pool exhausted): {c['label']}")
+                  f"memory-bound ({result['baseline']}'s pool bound the batch): {c['label']}")
     tables = [(f"ratios to {result['baseline']} (geomean [95% CI]; latencies: x lower)", result["ratios"])]
     if result.get("vs_no_spec"):
         tables.append(("ratios to speculation off (draft=none, same workload, memory budget and load; geomean [95% CI])",

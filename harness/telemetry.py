@@ -20,7 +20,11 @@ COMMON: dict[str, type | tuple[type, ...]] = {
     "max_concurrency_max_len": NUMBER,     # requests of max_model_len the pool holds at once
     "kv_usage": list,                      # the pool's usage over the run, sampled
     "peak_kv_usage": NUMBER, "max_running": int, "mean_running": NUMBER,
-    "preemptions": int, "waiting_for_memory_s": NUMBER, "requests_waited_for_memory": int,
+    "preemptions": OPTIONAL_INT,           # None: the engine exported no counter (unknown, not zero)
+    "waiting_for_memory_s": NUMBER,        # sim: waiting for blocks; vLLM: waiting with seats free
+    "requests_waited_for_memory": OPTIONAL_INT,   # None on vLLM: it exports no per-request wait
+    "waiting_s": dict,                     # request-seconds queued, by why (batch_slot, memory, ...)
+    "memory_evidence": (dict, type(None)),  # what classifies the point (analysis.regimes); None: no samples
     "spec_decode": dict,                   # drafts and accepted tokens per position
     "spec_state_bytes": OPTIONAL_INT,      # the strategy's speculative state per request (None: not known)
     "itl_s": dict,                         # inter-token gaps: mean, p50, p99, ...
@@ -38,14 +42,22 @@ BY_ENGINE: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 
-def problems(telemetry: dict[str, Any]) -> list[str]:
+#: keys added after points were committed under results/: such a point lacks them, and analysis reads the gap as
+#: "not recorded" (analysis.regimes.memory_bound: unknown unless its queue never waited)
+ADDED = frozenset({"waiting_s", "memory_evidence"})
+
+
+def problems(telemetry: dict[str, Any], stored: bool = False) -> list[str]:
     """Where ``telemetry`` differs from its engine's keys and types: missing keys, wrong types, an unknown
-    engine. Empty when it matches. Keys beyond the schema are allowed (an engine may say more)."""
+    engine. Empty when it matches. Keys beyond the schema are allowed (an engine may say more). ``stored``: a
+    point stored earlier, which may lack the keys in :data:`ADDED`."""
     engine = telemetry.get("engine")
     if engine not in BY_ENGINE:
         return [f"engine={engine!r}: not one of {sorted(BY_ENGINE)}"]
     out = []
     for key, want in {**COMMON, **BY_ENGINE[engine]}.items():
+        if stored and key in ADDED and key not in telemetry:
+            continue
         if key not in telemetry:
             out.append(f"{key}: missing")
             continue

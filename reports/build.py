@@ -105,10 +105,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"{result['baseline']}",
         f"{c['points']} points ({c['ok']} ok, {c['failed']} failed) in {c['groups']} (workload, memory budget, load, draft) "
         "groups",
-        f"memory-bound ({result['baseline']}'s pool exhausted: peak usage >= "
-        f"{result['thresholds']['peak_kv_usage']:.0%}, "
-        f"preemptions, or >= {result['thresholds']['waited_fraction']:.0%} of requests waiting for memory): "
-        f"{c['label']}",
+        f"memory-bound ({result['baseline']}'s pool bound the batch: a preemption, or requests waiting for "
+        f"blocks with seats free, on vLLM at >= {result['thresholds']['peak_kv_usage']:.0%} KV usage in the same "
+        f"/metrics sample): {c['label']}" + (f", {c['unknown']} unknown (no evidence recorded)" if c.get("unknown")
+                                             else ""),
     ] + ([line] if (line := graph_line(result)) else [])
 
 

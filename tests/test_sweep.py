@@ -730,22 +730,6 @@ def test_concurrent_writers_keep_the_first_complete_point(tmp_path):
 
 # -- analysis math on hand-made numbers ------------------------------------------
 
-@pytest.mark.parametrize("peak, preempt, waited, bound, reason", [
-    (0.97, 0, 0, True, "peak KV"),
-    (0.50, 3, 0, True, "3 preemptions"),
-    (0.90, 0, 6, True, "6% of requests"),
-    (0.90, 0, 4, False, "never"),
-])
-def test_memory_bound_classification(peak, preempt, waited, bound, reason):
-    """The classification under the configured thresholds (conf/thresholds/memory_bound.yaml: 95% peak KV, one
-    preemption, 5% of requests waiting)."""
-    from harness.config import compose
-
-    metrics = {"peak_kv_usage": peak, "preemptions": preempt, "requests_waited_for_memory": waited, "requests": 100}
-    got, why = memory_bound(metrics, Thresholds.from_config(compose("sweep", ["engine=sim"]).thresholds))
-    assert got is bound and reason in why
-
-
 def test_ratios_and_geomean_by_hand():
     s, b = {"output_throughput": 300.0, "ttft_p99": 2.0}, {"output_throughput": 200.0, "ttft_p99": 8.0}
     assert ratio(s, b, "throughput") == 1.5 and ratio(s, b, "p99_ttft") == 4.0

@@ -18,7 +18,7 @@ def test_the_h200_campaign_s_points_hold_the_schema():
     summaries = [json.loads(p.read_text()) for p in CAMPAIGN.rglob("points/*/summary.json")]
     assert len(summaries) >= 7
     for s in summaries:
-        assert problems(s["telemetry"]) == [], s["point_id"]
+        assert problems(s["telemetry"], stored=True) == [], s["point_id"]
 
 
 def test_a_renamed_dropped_or_mistyped_key_is_named():
@@ -26,8 +26,12 @@ def test_a_renamed_dropped_or_mistyped_key_is_named():
          "max_concurrency_max_len": 2.5, "kv_usage": [], "peak_kv_usage": 0.5, "max_running": 3, "mean_running": 2.0,
          "preemptions": 0, "waiting_for_memory_s": 0, "requests_waited_for_memory": 0, "spec_decode": {},
          "spec_state_bytes": None, "itl_s": {}, "duration_s": 1.0, "steps": 5, "pool": {},
-         "max_concurrency_mean_request": 3.0}
+         "max_concurrency_mean_request": 3.0, "waiting_s": {"memory": 0.0},
+         "memory_evidence": {"source": "admission", "refusals": 0}}
     assert problems(t) == []
+    del t["memory_evidence"]
+    assert problems(t) == ["memory_evidence: missing"] and problems(t, stored=True) == []
+    t["memory_evidence"] = None
     t2 = {**t, "peak_kv_usage": "0.5", "max_running": True}
     del t2["itl_s"]
     assert sorted(problems(t2)) == ["itl_s: missing", "max_running: bool True, not int",

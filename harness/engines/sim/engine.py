@@ -86,8 +86,12 @@ class PointSimulation:
         self.itl_w: list[np.ndarray] = []
         self.steps = 0
         self.preemptions = 0
-        self.wait_mem_s = 0.0
+        # why the queue waited, from the scheduler's own decisions: for blocks (memory), for a batch slot
+        # (max_num_seqs), for the step's token budget (prefill); request-seconds, and the steps at which the
+        # head of the queue was refused for blocks (the memory-bound evidence)
+        self.wait_s = {"memory": 0.0, "batch_slot": 0.0, "prefill_budget": 0.0}
         self.waited_mem: set[int] = set()
+        self.memory_refusals = 0
         self.drafts = 0
         self.accepted_per_pos = np.zeros(self.depth, dtype=np.int64)
 
@@ -160,6 +164,23 @@ class PointSimulation:
             return False
         return self.used + int(self._blocks(chunk)) <= self.num_blocks
 
+    def _queue_reason(self) -> str:
+        """Why the head of the queue is not running now: no batch slot (max_num_seqs running), no room in the
+        step's token budget for its first chunk, or no blocks for it (memory)."""
+        if len(self.rid) >= self.p.max_num_seqs:
+            return "batch_slot"
+        rid = self.waiting[0]
+        chunk = min(self._to_prefill(rid), self.p.max_num_batched_tokens - len(self.rid) * (1 + self.k))
+        if chunk <= 0:
+            return "prefill_budget"
+        return "memory" if self.used + int(self._blocks(chunk)) > self.num_blocks else "prefill_budget"
+
+    def _count_wait(self, reason: str, dt: float, steps: int = 1) -> None:
+        self.wait_s[reason] += dt * len(self.waiting)
+        if reason == "memory":
+            self.memory_refusals += steps
+            self.waited_mem.update(self.waiting)
+
     def _to_prefill(self, rid: int) -> int:
         return int(self.prompt[rid] + self.got[rid])  # a preempted request recomputes its output too
 
@@ -178,9 +199,10 @@ class PointSimulation:
         pre = chunk > 0
         dt = float(self.step.time(n_dec, ctx, float(chunk.sum()), int(pre.sum()),
                                   float((chunk[pre] * (self.kv[pre] + chunk[pre] / 2)).sum())))
-        if self.waiting and blocked_by_memory:
-            self.wait_mem_s += dt * len(self.waiting)
-            self.waited_mem.update(self.waiting)
+        if self.waiting:
+            # _schedule admitted FCFS until a request did not fit (blocks), the seats or the token budget ran out
+            self._count_wait("memory" if blocked_by_memory else
+                             "batch_slot" if len(self.rid) >= self.p.max_num_seqs else "prefill_budget", dt)
         self.t += dt
         self.steps += 1
         self._apply(decode, chunk, n_dec, dt)
@@ -306,9 +328,8 @@ class PointSimulation:
         self.got[rids] += made
         self.held = np.where(fin < e, self.held, need[:, e - 1])
         self.steps += e
-        if self.waiting:
-            self.wait_mem_s += float(dt[:e].sum()) * len(self.waiting)
-            self.waited_mem.update(self.waiting)
+        if self.waiting:       # the head of the queue could not start (_admissible) and nothing changes until e
+            self._count_wait(self._queue_reason(), float(dt[:e].sum()), steps=e)
         self._record(t_end[:e], need[:, :e].sum(0), n_active[:e])
         self.itl_d.append(dt[:e])
         self.itl_w.append(n_active[:e])
@@ -369,8 +390,11 @@ class PointSimulation:
             "mean_running": float(running.mean()) if len(running) else 0.0,
             "steps": self.steps,
             "preemptions": self.preemptions,
-            "waiting_for_memory_s": self.wait_mem_s,
+            "waiting_for_memory_s": self.wait_s["memory"],
             "requests_waited_for_memory": len(self.waited_mem),
+            "waiting_s": dict(self.wait_s),
+            # the simulator's own admission decisions: steps at which a waiting request was refused for blocks
+            "memory_evidence": {"source": "admission", "refusals": self.memory_refusals},
             "spec_decode": {"num_drafts": self.drafts, "num_draft_tokens": draft_tokens,
                             "num_accepted_tokens": accepted,
                             "num_accepted_tokens_per_pos": self.accepted_per_pos.tolist(),

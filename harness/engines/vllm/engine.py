@@ -338,13 +338,9 @@ class VLLMEngine:
         num_blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks", "None") not in ("None", "") else None
         block_size = int(info["block_size"]) if str(info.get("block_size", "")).isdigit() else None
         itl = res.itl_s
+        # the memory-bound evidence is the samples' (scrape.Sampler.summary): requests waiting, seats free and
+        # the pool's usage in one /metrics sample, and the preemption counter
         samples = sampler.summary(point.max_num_seqs)
-        # vLLM exports no per-request "waited for blocks": when the samples saw requests queued while
-        # the batch had room, count the requests whose TTFT exceeded engine.queued_threshold_s.
-        waited = 0
-        if samples["waiting_for_memory_s"] > 0:
-            th = float(self.cfg["queued_threshold_s"])
-            waited = sum(1 for r in res.records if r.first_token_s is not None and r.first_token_s - r.arrival_s > th)
         s = self.settings
         return {
             "engine": "vllm",
@@ -369,8 +365,10 @@ class VLLMEngine:
             "blocks_per_request_max_len": -(-point.max_model_len // block_size) if block_size else None,
             "max_concurrency_max_len": st.get("max_concurrency_max_len"),
             **samples,
-            "preemptions": int(diff.get("vllm:num_preemptions_total") or 0),
-            "requests_waited_for_memory": waited,
+            # None where the server exported no counter: unknown, not "never"
+            "preemptions": (None if diff.get("vllm:num_preemptions_total") is None
+                            else int(diff["vllm:num_preemptions_total"])),
+            "requests_waited_for_memory": None,    # vLLM exports no per-request wait for blocks
             "spec_decode": diff["spec_decode"],
             "counters": {k: v for k, v in diff.items() if k != "spec_decode"},
             "prefix_caching": "off (cache_config_info enable_prefix_caching=False; "

@@ -109,29 +109,51 @@ class Sampler:
                     async with session.get(self.url) as r:
                         text = await r.text()
                     s = parse_metrics(text)
-                    self.t.append(start - self.t0)
-                    self.kv.append(total(s, "vllm:kv_cache_usage_perc") or 0.0)
-                    self.running.append(total(s, "vllm:num_requests_running") or 0.0)
-                    self.waiting.append(total(s, "vllm:num_requests_waiting") or 0.0)
+                    self.add(start - self.t0, total(s, "vllm:kv_cache_usage_perc"),
+                             total(s, "vllm:num_requests_running"), total(s, "vllm:num_requests_waiting"))
                 except Exception:  # a missed sample is counted, never fatal
                     self.errors += 1
                 await asyncio.sleep(max(0.0, self.period - (time.perf_counter() - start)))
 
+    def add(self, t: float, kv: float | None, running: float | None, waiting: float | None) -> None:
+        """One sample (s since the sampler started; the pool's usage as a fraction; requests). A gauge the
+        server did not export is None: kept as missing, never read as zero."""
+        self.t.append(t)
+        self.kv.append(kv)
+        self.running.append(running)
+        self.waiting.append(waiting)
+
     def summary(self, max_num_seqs: int, keep: int = 200) -> dict[str, Any]:
-        """Telemetry in the simulator's schema (usage as a fraction of the pool, counts of requests)."""
+        """Telemetry in the simulator's schema (usage as a fraction of the pool, counts of requests) and the
+        memory-bound evidence: whether in one sample requests waited while fewer than ``max_num_seqs`` ran, and
+        the pool's usage in that same sample (``blocked_kv_peak``: the highest such usage; analysis compares it
+        with thresholds.peak_kv_usage). Waiting with every seat taken is waiting for a batch slot, counted
+        apart; with seats free it is waiting for blocks or the step's token budget (vLLM's gauges do not say
+        which, so the usage in the same sample decides). Samples that lack a gauge count as missing."""
         n = len(self.t)
         step = max(1, n // keep)
         dt = [self.t[i + 1] - self.t[i] for i in range(n - 1)] + ([self.period] if n else [])
-        # Requests queued while the batch had room: the scheduler could not admit them, i.e. no blocks.
-        mem_wait = sum(d for d, w, r in zip(dt, self.waiting, self.running) if w > 0 and r < max_num_seqs)
+        whole = [i for i in range(n) if None not in (self.kv[i], self.running[i], self.waiting[i])]
+        queued = [i for i in whole if self.waiting[i] > 0]
+        free = [i for i in queued if self.running[i] < max_num_seqs]
+        kv = [x for x in self.kv if x is not None]
+        running = [x for x in self.running if x is not None]
+        waiting = [x for x in self.waiting if x is not None]
         return {
-            "kv_usage": [[round(self.t[i], 3), self.kv[i]] for i in range(0, n, step)],
-            "peak_kv_usage": max(self.kv, default=0.0),
-            "max_running": int(max(self.running, default=0)),
-            "mean_running": sum(self.running) / n if n else 0.0,
-            "max_waiting": int(max(self.waiting, default=0)),
-            "waiting_for_memory_s": mem_wait,
+            "kv_usage": [[round(self.t[i], 3), self.kv[i]] for i in range(0, n, step) if self.kv[i] is not None],
+            "peak_kv_usage": max(kv, default=0.0),
+            "max_running": int(max(running, default=0)),
+            "mean_running": sum(running) / len(running) if running else 0.0,
+            "max_waiting": int(max(waiting, default=0)),
+            "waiting_for_memory_s": sum(dt[i] for i in free),      # seats free: blocks or the token budget
+            "waiting_s": {"batch_slot": sum(dt[i] * self.waiting[i] for i in queued
+                                            if self.running[i] >= max_num_seqs),
+                          "free_seats": sum(dt[i] * self.waiting[i] for i in free)},
+            "memory_evidence": ({"source": "metrics", "samples": len(whole), "blocked_samples": len(free),
+                                 "blocked_kv_peak": max((self.kv[i] for i in free), default=None)}
+                                if whole else None),
             "metrics_samples": n, "metrics_hz": 1.0 / self.period, "metrics_missed": self.errors,
+            "metrics_incomplete": n - len(whole),
         }
 
 
