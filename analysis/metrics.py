@@ -53,6 +53,7 @@ def point_metrics(records: Iterable, telemetry: Mapping[str, Any] | None = None)
             "waiting_for_memory_s": telemetry.get("waiting_for_memory_s"),
             "requests_waited_for_memory": telemetry.get("requests_waited_for_memory"),
             **_evidence(telemetry),
+            **_schedule(telemetry.get("loadgen")),
             "num_blocks": telemetry.get("num_blocks"),
             "max_concurrency": telemetry.get("max_concurrency_max_len"),
             "spec_state_bytes": telemetry.get("spec_state_bytes"),
@@ -73,6 +74,15 @@ def _evidence(telemetry: Mapping[str, Any]) -> dict[str, Any]:
             "blocked_kv_peak": ev.get("blocked_kv_peak") if isinstance(ev, Mapping) else None,
             "blocked_samples": ev.get("blocked_samples") if isinstance(ev, Mapping) else None,
             **{f"wait_{k}_s": v for k, v in waits.items()}}
+
+
+def _schedule(check: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Whether the load generator offered the load it was asked to (harness.engines.vllm.loadgen.self_check:
+    p99 lag under 10 ms, achieved rate within 5% of the schedule's); None where nothing checked it (a closed
+    loop, the simulator, whose arrivals are exact)."""
+    check = check if isinstance(check, Mapping) else {}
+    return {"on_schedule": check.get("on_schedule"), "schedule_lag_p99_s": check.get("lag_p99_s"),
+            "rate_error": check.get("rate_error")}
 
 
 def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:

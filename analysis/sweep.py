@@ -136,12 +136,25 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
         "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,
         "failed": [{"point_id": r["point_id"], "reason": r["reason"]} for r in rows if r["status"] != "ok"],
         "damaged": [{"point_id": k, "reason": v} for k, v in sorted(damaged.items())],
+        # open-loop points whose load generator fell behind its arrival schedule: they measured a lighter load
+        "behind_schedule": [{"point_id": r["point_id"], "lag_p99_s": r.get("schedule_lag_p99_s"),
+                             "rate_error": r.get("rate_error")} for r in ok if r.get("on_schedule") is False],
         "graph_coverage": {"known": sum(r["decode_past_graphs"] is not None for r in ok),
                            "past": [r["point_id"] for r in ok if r["decode_past_graphs"]]},
         "anchor": (anchor := drift(store)),
         "side_by_side": side_by_side(groups, base, store, anchor),
     }
     return result
+
+
+def schedule_line(b: dict[str, Any]) -> str:
+    """One behind-schedule point as the summary and the report say it."""
+    lag = b.get("lag_p99_s")
+    rate = b.get("rate_error")
+    return (f"{b['point_id']}: behind its arrival schedule (p99 lag {lag * 1e3:.0f} ms" if lag is not None else
+            f"{b['point_id']}: behind its arrival schedule (") + \
+        (f", achieved rate {rate:+.1%} of the schedule's)" if rate is not None else ")") + \
+        "; it measured a lighter load than asked"
 
 
 def write_analysis(store, result: dict[str, Any]) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.regimes import RATIOS
-from analysis.sweep import anchor_line, fmt_ratio, graph_line, side_by_side_cells
+from analysis.sweep import anchor_line, fmt_ratio, graph_line, schedule_line, side_by_side_cells
 
 from .console import table as make_table
 
@@ -46,6 +46,8 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
     for reason, ids in by_reason.items():
         who = ids[0] if len(ids) == 1 else f"{len(ids)} points ({', '.join(ids)})"
         console.print(f"  [red]failed[/]: {who}: {reason}")
+    for b in result.get("behind_schedule") or []:
+        console.print(f"  [yellow]behind schedule[/]: {schedule_line(b)}")
     for d in result.get("damaged") or []:
         console.print(f"  [yellow]damaged[/] (left out; rerun the sweep to redo it): {d['point_id']}: {d['reason']}")
     if report:

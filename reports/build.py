@@ -95,7 +95,7 @@ def build_report(store, result: dict[str, Any] | None = None) -> Path:
 # -- shared text ----------------------------------------------------------------------
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    from analysis.sweep import graph_line
+    from analysis.sweep import graph_line, schedule_line
 
     c, sweep = result["counts"], result["sweep"]
     return [
@@ -109,7 +109,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"blocks with seats free, on vLLM at >= {result['thresholds']['peak_kv_usage']:.0%} KV usage in the same "
         f"/metrics sample): {c['label']}" + (f", {c['unknown']} unknown (no evidence recorded)" if c.get("unknown")
                                              else ""),
-    ] + ([line] if (line := graph_line(result)) else [])
+    ] + ([line] if (line := graph_line(result)) else []) + [schedule_line(b)
+                                                             for b in result.get("behind_schedule") or []]
 
 
 def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:

@@ -100,3 +100,24 @@ def test_only_the_baseline_classifies_a_point(tmp_path, capsys):
         for p in a["points"]:
             if p["status"] == "ok":
                 assert p["memory_bound"] is own[(p["load"], base)]
+
+
+def test_an_open_loop_point_behind_its_arrival_schedule_is_flagged_in_the_summary_and_the_report(tmp_path, capsys):
+    import json
+
+    from reports.build import summary_lines
+
+    out = tmp_path / "s"
+    r = cli(capsys, "sweep", "engine=sim", "gpu=h200", "workload=sharegpt", "gmu=[0.9]", "concurrency=[4,8]",
+            "strategy=[store_all]", "draft=[chain:3]", "requests.min=16", "report=false", f"out={out}")
+    assert r.returncode == 0 and analyze(Store(out))["behind_schedule"] == []
+    # the load generator's own check, as the vLLM engine records it, says this point fell behind
+    path = next((out / "points").glob("*c8*/summary.json"))
+    s = json.loads(path.read_text())
+    s["telemetry"]["loadgen"] = {"kind": "poisson", "on_schedule": False, "lag_p99_s": 0.25, "rate_error": -0.12}
+    path.write_text(json.dumps(s))
+    a = analyze(Store(out))
+    assert [b["point_id"] for b in a["behind_schedule"]] == [s["point_id"]]
+    assert any("behind its arrival schedule (p99 lag 250 ms, achieved rate -12.0%" in x for x in summary_lines(a))
+    r = cli(capsys, "analyze", str(out))
+    assert "behind schedule" in r.stdout and s["point_id"] in r.stdout
