@@ -934,7 +934,11 @@ def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_n
                    "draft": "chain:3", "strategy": strategy, "model": {"name": "m"}, "gpu": {"name": "g"},
                    "engine": {"name": "vllm", "kv_cache_bytes": mib * 2**20}}
             store.write(point_id(cfg), {"point_id": point_id(cfg), "status": "ok", "config": cfg, "engine": "vllm",
-                                        "metrics": {"output_throughput": tput * factor, "peak_kv_usage": 0.5}}, None)
+                                        "metrics": {"output_throughput": tput * factor, "peak_kv_usage": 0.5,
+                                                    # evidence that the pool never bound the batch, so the groups
+                                                    # are "not memory-bound", not "unknown"
+                                                    "preemptions": 0, "memory_evidence": "metrics",
+                                                    "blocked_kv_peak": None}}, None)
     result = analyze(store)
     assert sorted(p["memory"] for p in result["points"]) == ["kv32MiB"] * 2 + ["kv64MiB"] * 2
     assert sorted(c["memory"] for c in result["groups"]) == ["kv32MiB", "kv64MiB"]
