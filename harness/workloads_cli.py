@@ -29,8 +29,9 @@ def stats(reqs: list[workloads.Request]) -> dict[str, Any]:
     times = np.array([r.arrival_s for r in reqs if r.arrival_s is not None])
     if len(times) > 1:
         gaps, span = np.diff(times), float(times[-1] - times[0])
-        out["arrivals"] = {"span_s": span, "rate_req_s": (len(times) - 1) / span,
-                           "interarrival_cv": float(gaps.std() / gaps.mean())}
+        # all at one instant (a burst): no rate and no interarrival spread to report, rather than a division by 0
+        out["arrivals"] = {"span_s": span, "rate_req_s": (len(times) - 1) / span if span > 0 else None,
+                           "interarrival_cv": float(gaps.std() / gaps.mean()) if span > 0 else None}
     return out
 
 
@@ -73,8 +74,11 @@ def describe(cfg: DictConfig) -> int:
     console.print(t)
     if "arrivals" in st:
         a = st["arrivals"]
-        console.print(f"arrivals: {a['rate_req_s']:.3g} req/s over {a['span_s']:.1f} s, "
-                      f"inter-arrival CV {a['interarrival_cv']:.2f}")
+        if a["rate_req_s"] is None:
+            console.print(f"arrivals: all {st['count']} at one instant (a burst)")
+        else:
+            console.print(f"arrivals: {a['rate_req_s']:.3g} req/s over {a['span_s']:.1f} s, "
+                          f"inter-arrival CV {a['interarrival_cv']:.2f}")
     for what in ("prompt_len", "output_len"):
         console.print(f"[bold]{what}[/] histogram")
         for row in histogram([getattr(r, what) for r in reqs], int(cfg.bins)):

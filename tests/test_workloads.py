@@ -118,6 +118,47 @@ def test_sharegpt_missing_file_and_empty_result(tmp_path):
         workloads.build(conf("sharegpt", path=str(_write(tmp_path, json.dumps(only_short))))).requests()
 
 
+def test_sharegpt_records_that_are_not_sharegpt_are_named(tmp_path):
+    """"conversations": "abc" once died with an AttributeError traceback; now the record and the fix are named."""
+    text = json.dumps([_conv(0, [("human", "hello there friend"), ("gpt", "hi")]), {"id": "odd", "conversations": "abc"}])
+    with pytest.raises(ValueError, match=r"sharegpt.json: record 'odd' has \"conversations\": \"abc\", not a list"):
+        workloads.build(conf("sharegpt", path=str(_write(tmp_path, text)))).requests()
+    turns_of_strings = json.dumps([{"id": "s", "conversations": ["human: hi", "gpt: yo"]}])
+    with pytest.raises(ValueError, match=r"record 's' has \"conversations\": \"human: hi\""):
+        workloads.build(conf("sharegpt", path=str(_write(tmp_path, turns_of_strings)))).requests()
+
+
+@pytest.mark.parametrize("encoding, match", [
+    ("utf-16", r"the file is UTF-16 \(it starts with a UTF-16 byte-order mark\); convert it to UTF-8: iconv -f UTF-16"),
+    ("utf-16-le", r"the file holds NUL bytes, as UTF-16 without a byte-order mark does; convert it .*iconv -f UTF-16LE"),
+    ("utf-32", r"the file is UTF-32"),
+    ("latin-1", r"not UTF-8 \(byte 0xe[89] at line [12], offset \d+\); a Latin-1 .*iconv -f LATIN1 -t UTF-8"),
+])
+def test_a_data_file_in_another_encoding_is_named_with_the_fix(tmp_path, encoding, match):
+    """UTF-16 once failed with no hint at the encoding and Latin-1's bad bytes became U+FFFD silently: every
+    encoding but UTF-8 is refused, naming the file and the iconv line that converts it, for both file loaders."""
+    records = [_conv(0, [("human", "Qu'est-ce que la règle delta? Expliquez, s'il vous plaît, en détail"),
+                         ("gpt", "Elle met à jour un état")])]
+    p = tmp_path / "sharegpt.json"
+    p.write_bytes(json.dumps(records, ensure_ascii=False).encode(encoding))
+    with pytest.raises(ValueError, match=rf"workload.path={p}: {match}"):
+        workloads.build(conf("sharegpt", path=str(p))).requests()
+    csv = tmp_path / "BurstGPT_é.csv"
+    csv.write_bytes((SIX + "0,GPT-4,10,10,API log  café\n").encode(encoding))
+    with pytest.raises(ValueError, match=rf"workload.path={csv}: {match}"):
+        workloads.build(conf("burstgpt", path=str(csv))).requests()
+
+
+def test_a_utf8_file_cut_inside_a_character_still_loads(tmp_path):
+    """A download cut mid-record can end inside a multi-byte character: that is a cut record, not an encoding."""
+    whole = json.dumps(RECORDS, ensure_ascii=False)[:-1] + ', {"id": "cut", "conversations": [{"value": "é'
+    data = whole.encode("utf-8")[:-1]                             # the é's second byte is lost
+    p = tmp_path / "sharegpt.json"
+    p.write_bytes(data)
+    reqs, report = workloads.build(conf("sharegpt", path=str(p), num_requests=None)).requests()
+    assert reqs and "ends mid-record" in report.notes[0]
+
+
 def test_first_exchange_needs_an_answer():
     assert first_exchange(_conv(0, [("human", "a"), ("human", "b"), ("gpt", "c")])) == ("b", "c")
     assert first_exchange(_conv(0, [("human", "a")])) is None
@@ -247,6 +288,35 @@ def test_burstgpt_errors_say_where_and_what(tmp_path, monkeypatch):
     only_chat = _burst(tmp_path, SIX, [(0, "ChatGPT", 10, 10, "API log")], name="chat.csv")
     with pytest.raises(ValueError, match="no requests left after filtering.*other model: 1"):
         workloads.build(conf("burstgpt", path=str(only_chat))).requests()
+
+
+def test_burstgpt_times_that_are_no_times_are_refused(tmp_path):
+    """NaN timestamps once ran at "nan req/s"; identical ones under kind=trace divided by zero."""
+    nan = _burst(tmp_path, SIX, [(0, "GPT-4", 10, 10, "API log"), ("nan", "GPT-4", 10, 10, "API log")], name="nan.csv")
+    for arrival in ({"kind": "trace"}, {"kind": "poisson", "rate": 1.0}):
+        with pytest.raises(ValueError, match=r"nan.csv:3: Timestamp is 'nan'; every row needs a finite time"):
+            workloads.build(conf("burstgpt", path=str(nan), arrival=arrival)).requests()
+    same = _burst(tmp_path, SIX, [(7, "GPT-4", 10, 10, "API log"), (7, "GPT-4", 20, 10, "API log")], name="same.csv")
+    with pytest.raises(ValueError, match=r"every kept row has Timestamp 7, so arrival.kind=trace .*"
+                                         r"workload.arrival.kind=poisson with workload.arrival.rate"):
+        workloads.build(conf("burstgpt", path=str(same), num_requests=None, arrival={"kind": "trace"})).requests()
+    reqs, _ = workloads.build(conf("burstgpt", path=str(same), num_requests=None,
+                                   arrival={"kind": "poisson", "rate": 2.0})).requests()
+    assert len(reqs) == 2                                 # the same file under a rate is a fine workload
+    with pytest.raises(ValueError, match="not a finite time"):
+        Arrival.from_config({"kind": "trace"}).offsets(2, [0.0, float("inf")])
+    with pytest.raises(ValueError, match="timestamps are all equal"):
+        Arrival.from_config({"kind": "trace"}).offsets(3, [5.0, 5.0, 5.0])
+
+
+def test_bad_data_files_through_the_cli_exit_2_with_the_message(tmp_path):
+    """What a user sees: exit status 2 and the message, no traceback."""
+    nan = _burst(tmp_path, SIX, [(0, "GPT-4", 10, 10, "API log"), ("nan", "GPT-4", 10, 10, "API log")], name="nan.csv")
+    out = _cli("workloads", "describe", "workload=burstgpt", f"workload.path={nan}")
+    assert out.returncode == 2 and "nan.csv:3: Timestamp is 'nan'" in out.stderr and "Traceback" not in out.stderr
+    odd = _write(tmp_path, json.dumps([{"id": "odd", "conversations": "abc"}]))
+    out = _cli("workloads", "describe", "workload=sharegpt", f"workload.path={odd}")
+    assert out.returncode == 2 and "record 'odd'" in out.stderr and "Traceback" not in out.stderr
 
 
 # -- synthetic ------------------------------------------------------------------

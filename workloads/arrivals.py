@@ -67,8 +67,14 @@ class Arrival:
         t = np.asarray(trace_times[:n], dtype=float)
         if len(t) == 0:
             return t
+        if not np.isfinite(t).all():
+            raise ValueError(f"arrival.kind=trace: timestamp {t[~np.isfinite(t)][0]} is not a finite time; fix the "
+                             "trace or use arrival.kind=poisson")
         t = t - t[0]
-        if self.rate is not None and len(t) > 1 and t[-1] > 0:
+        if len(t) > 1 and t[-1] <= 0:
+            raise ValueError(f"arrival.kind=trace: the {len(t)} requests' timestamps are all equal, so there is no "
+                             "arrival process to replay; use arrival.kind=poisson with a rate")
+        if self.rate is not None and len(t) > 1:
             t = t * ((len(t) - 1) / t[-1]) / self.rate  # rescale the mean rate, keep the shape
         return t
 

@@ -6,6 +6,7 @@ import random
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from .arrivals import Arrival
@@ -88,3 +89,27 @@ def _summary(counts: Mapping[str, int]) -> str:
 
 def count_dict(counter: Counter) -> dict[str, int]:
     return {k: int(v) for k, v in counter.most_common()}
+
+
+def read_text(path: Path, what: str) -> str:
+    """A text data file as UTF-8, strictly: a file in another encoding fails naming it and the fix, instead of
+    its bad bytes becoming U+FFFD silently. A multi-byte character cut off by the file's end (a download cut
+    mid-record) is dropped: the record it is in is incomplete anyway. ``what`` names the input in messages."""
+    data = path.read_bytes()
+    for bom, enc in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+                     (b"\xfe\xff", "UTF-16")):
+        if data.startswith(bom):
+            raise ValueError(f"{what}={path}: the file is {enc} (it starts with a {enc} byte-order mark); convert it "
+                             f"to UTF-8: iconv -f {enc} -t UTF-8 {path} > {path.stem}.utf8{path.suffix}")
+    if data[:200].count(b"\x00") > 20:
+        raise ValueError(f"{what}={path}: the file holds NUL bytes, as UTF-16 without a byte-order mark does; "
+                         f"convert it to UTF-8: iconv -f UTF-16LE -t UTF-8 {path} > {path.stem}.utf8{path.suffix}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start >= len(data) - 3 and e.reason == "unexpected end of data":
+            return data[:e.start].decode("utf-8")
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{what}={path}: not UTF-8 (byte 0x{data[e.start]:02x} at line {line:,}, offset "
+                         f"{e.start:,}); a Latin-1 or Windows-1252 file converts with iconv -f LATIN1 -t UTF-8 "
+                         f"{path} > {path.stem}.utf8{path.suffix}") from None

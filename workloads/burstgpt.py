@@ -12,10 +12,12 @@ https://github.com/HPMLL/BurstGPT.
 from __future__ import annotations
 
 import csv
+import io
+import math
 import os
 from pathlib import Path
 
-from .base import LoadReport, Workload
+from .base import LoadReport, Workload, read_text
 from .request import Request
 
 REQUIRED = {"timestamp": "Timestamp", "model": "Model", "request tokens": "Request tokens",
@@ -49,7 +51,7 @@ class BurstGPT(Workload):
         reqs, times = [], []
         counts = {"rows": 0, "dropped: other model": 0, "dropped: other log type": 0,
                   "dropped: failed (Response tokens = 0)": 0, "dropped: Request tokens = 0": 0}
-        with open(path, newline="", encoding="utf-8") as f:
+        with io.StringIO(read_text(path, "workload.path"), newline="") as f:
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None:
@@ -72,6 +74,9 @@ class BurstGPT(Workload):
                 except (ValueError, IndexError):
                     raise ValueError(f"{path}:{line}: bad row {row[:6]}; Timestamp and the token columns "
                                      "must be numbers") from None
+                if not math.isfinite(ts):      # float() reads "nan" and "inf": a trace time they would poison
+                    raise ValueError(f"{path}:{line}: Timestamp is {row[ix['timestamp']]!r}; every row needs a "
+                                     "finite time in seconds; drop or fix the row")
                 if model and row[ix["model"]] != model:
                     counts["dropped: other model"] += 1
                     continue
@@ -91,6 +96,10 @@ class BurstGPT(Workload):
             raise ValueError(f"{path}: no data rows under the header")
         order = sorted(range(len(reqs)), key=times.__getitem__)  # replay in time order
         reqs, times = [reqs[i] for i in order], [times[i] for i in order]
+        if self.arrival.kind == "trace" and len(times) > 1 and times[0] == times[-1]:
+            raise ValueError(f"workload.path={path}: every kept row has Timestamp {times[0]:g}, so "
+                             "arrival.kind=trace has no arrival times to replay (a rate over no time); use "
+                             "workload.arrival.kind=poisson with workload.arrival.rate=<req/s>")
         layout = "8-column" if {"session id", "elapsed time"} <= set(cols) else "6-column"
         report = LoadReport(source=str(path), tokenizer=None,
                             counts={k: v for k, v in counts.items() if v or k == "rows"},

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .base import LoadReport, Workload
+from .base import LoadReport, Workload, read_text
 from .cache import cached, file_key
 from .request import Request
 from .tokens import token_counter
@@ -69,9 +69,15 @@ def parse_records(text: str, source: str = "ShareGPT file") -> tuple[list[dict[s
     return records, notes
 
 
-def first_exchange(record: dict[str, Any]) -> tuple[str, str] | None:
-    """(first human turn, the assistant turn right after it), or None."""
+def first_exchange(record: dict[str, Any], source: str = "ShareGPT file") -> tuple[str, str] | None:
+    """(first human turn, the assistant turn right after it), or None. A record whose ``conversations`` is not a
+    list of turn objects is not ShareGPT's: ValueError naming it."""
     turns = record.get("conversations") or []
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        bad = turns if not isinstance(turns, list) else next(t for t in turns if not isinstance(t, dict))
+        raise ValueError(f"{source}: record {record.get('id', '?')!r} has \"conversations\": {json.dumps(bad)[:60]}, "
+                         "not a list of turns like [{\"from\": \"human\", \"value\": ...}, ...]; fix or drop "
+                         "that record (is this file ShareGPT's?)")
     for a, b in zip(turns, turns[1:]):
         if str(a.get("from", "")).lower() in HUMAN and str(b.get("from", "")).lower() in ASSISTANT:
             return str(a.get("value", "")), str(b.get("value", ""))
@@ -89,8 +95,8 @@ class ShareGPT(Workload):
         counter = token_counter(self.cfg.get("tokenizer"))
 
         def build():
-            records, notes = parse_records(path.read_text(encoding="utf-8", errors="replace"), str(path.name))
-            pairs = [(i, first_exchange(r)) for i, r in enumerate(records)]
+            records, notes = parse_records(read_text(path, "workload.path"), str(path))
+            pairs = [(i, first_exchange(r, str(path))) for i, r in enumerate(records)]
             kept = [(i, p) for i, p in pairs if p is not None]
             lens_p = counter.count([p[0] for _, p in kept])
             lens_o = counter.count([p[1] for _, p in kept])
