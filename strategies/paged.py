@@ -317,8 +317,8 @@ class PagedCommit:
     def _group(self, ssm, stash, header, pages, n_acc, q, k, v, g, beta, tree, scale):
         lay = self.layout
         cdt = q.dtype
-        st = stash[pages].to(cdt)
         accepted, length = self._plan(header, pages, n_acc)
+        st = self._live(stash[pages].to(cdt), header, pages, length)
         B, N = len(pages), lay.nodes
         shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
         prev_tree = DraftTree.chain(lay.num_spec, root=True)
@@ -343,6 +343,23 @@ class PagedCommit:
         stash[pages[:, None], at] = new
         header[pages, STAGED] = tree.num_nodes
         return ver.o, hist.current()
+
+    def _live(self, st: torch.Tensor, header: torch.Tensor, pages: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """The stash rows ``st [B, S, W]`` with every slot these pages do not use zeroed: the staged nodes of the
+        last verify and the deferred ring's ``length`` tokens are live, the rest is whatever the page's last
+        owner left. The strategies weigh unused slots by zero, and 0 x NaN is NaN: stale bytes that happen to be
+        non-finite would otherwise poison the state."""
+        lay = self.layout
+        staged = header[pages, STAGED].long().clamp(0, lay.nodes)[:, None]
+        slot = torch.arange(st.shape[1], device=st.device)[None, :]
+        if lay.strategy == "treewy":
+            live = slot < staged
+        elif lay.strategy == "replay":                   # the ring, then the staged nodes right behind it
+            live = slot < length[:, None] + staged
+        else:                                            # treewy_deferred: the ring, the staged nodes at L
+            L = lay.buffer_len
+            live = (slot < length[:, None]) | ((slot >= L) & (slot < L + staged))
+        return torch.where(live[..., None], st, torch.zeros((), dtype=st.dtype, device=st.device))
 
     def _history(self, ssm, st, pages, length, shape, prev_tree):
         """The deferred carry of these pages (checkpoint, ring) and their last verify's staged nodes."""
@@ -382,7 +399,7 @@ class PagedCommit:
         B, N = len(pages), lay.nodes
         shape = StepShape(B, N, lay.num_key_heads, lay.num_value_heads, lay.key_head_dim, lay.value_head_dim)
         prev_tree = DraftTree.chain(lay.num_spec, root=True)
-        st = stash[pages].to(compute_dtype(pool))
+        st = self._live(stash[pages].to(compute_dtype(pool)), header, pages, length)
         if lay.strategy == "treewy":
             vt, kk, G = lay.split(st[:, :N])
             prev = Verified(ssm.new_empty(0), prev_tree, shape, {"v_tilde": vt, "k": kk, "G": G})

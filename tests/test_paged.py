@@ -30,7 +30,11 @@ class Pages:
 
     def __init__(self, lay: StashLayout, P: int, gen: torch.Generator, V_: int, K_: int, HV_: int):
         self.pool = torch.randn(P, HV_, V_, K_, generator=gen)
-        self.stash = torch.randn(P, *lay.shapes()[0], generator=gen)        # what a previous occupant left
+        # what a previous occupant left, non-finite bytes included: no slot the step does not use may reach a
+        # state (0 x NaN is NaN), and rel_err makes a NaN anywhere a failure
+        self.stash = torch.randn(P, *lay.shapes()[0], generator=gen)
+        self.stash.view(-1)[::7] = float("nan")
+        self.stash.view(-1)[3::11] = float("inf")
         self.header = torch.randint(0, 40, (P, 4), generator=gen, dtype=torch.int32)
 
     def clone(self) -> "Pages":
