@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import json
 import os
 import re
 import shlex
@@ -166,6 +167,21 @@ def scratch(tmp_path_factory):
     for name in ("a", "b", "grid"):
         if (d / "results" / "sweeps" / "mine").is_dir():
             shutil.copytree(d / "results" / "sweeps" / "mine", d / "results" / "sweeps" / name)
+    # b differs from a in one known place, so that compare has something to find: its first treewy point's
+    # requests each asked for and returned twice the tokens in the same time, so its throughput is 2x
+    # (a copy compared with itself would pass a compare that printed 1.00 everywhere)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for summary in sorted((d / "results" / "sweeps" / "b").glob("points/*/summary.json")):
+        point = json.loads(summary.read_text())
+        if point["status"] == "ok" and point["config"]["strategy"] == "treewy":
+            table = pq.read_table(summary.parent / "requests.parquet")
+            for col in ("output_tokens", "output_len"):
+                table = table.set_column(table.schema.get_field_index(col), col,
+                                         pc.multiply(table[col], 2).cast(table.schema.field(col).type))
+            pq.write_table(table, summary.parent / "requests.parquet")
+            break
     return d, {sweep: first}
 
 
@@ -205,9 +221,14 @@ def test_readme_command_runs(cmd, scratch):
     assert out.returncode == 0, f"{cmd}\n{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
     assert {p: p.read_bytes() for d in compared for p in d.rglob("*") if p.is_file()} == before, \
         "compare wrote into the folders it compared"
-    if compared:     # two copies of one sweep: every point in common, every regime agreeing
+    if compared:     # two copies of one sweep but for b's one treewy throughput: every point in common, that
+        # one point at 2.00x, the rest at 1.00x (the classification comes from store_all's points: it agrees)
         n = int(re.search(r"(\d+) common points", out.stdout).group(1))
         assert n > 1 and f"agrees on {n}" in out.stdout and "c8 chain:3" in out.stdout, out.stdout
+        rows = [line for line in out.stdout.splitlines() if re.search(r" c\d+ (chain:3|none) ", line)]
+        assert len(rows) == n, out.stdout
+        doubled = [r for r in rows if re.search(r"\s2\.00\s", r)]
+        assert len(doubled) == 1 and "treewy" in doubled[0], out.stdout
 
 
 @pytest.mark.parametrize("cmd", [c for c in COMMANDS if c in {_normal(r) for r in COMPOSE_ONLY}])
