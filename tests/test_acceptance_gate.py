@@ -85,3 +85,46 @@ def test_baseline_drift_is_caught(tmp_path):
     path.write_text(json.dumps({"mean_acceptance_length": {"chain:3": 1.0, "2,2,2": 9.0}}))
     res = run_gate(small(strategy=["store_all"], baseline=str(path)))
     assert any("pinned 1.0000" in f and "the model, drafter or prompts changed" in f for f in res.failures)
+
+
+class Bf16Drift(TreeWY):
+    """Commits a state 10% too large, in bfloat16 only: a precision bug the float64 and float32 rows cannot see."""
+
+    def _commit(self, carry, verified, accepted):
+        h = super()._commit(carry, verified, accepted)
+        return h * 1.1 if h.dtype == torch.bfloat16 else h
+
+
+def _bf16(**over):
+    cfg = copy.deepcopy(CFG)
+    cfg.update(dtypes=["bfloat16"], drafts=["chain:3"], tree_sweep=None, tree_sweep_out=None, baseline=None)
+    cfg.update(over)
+    return cfg
+
+
+def test_bf16_rows_follow_the_reference_path_and_pass_the_correct_strategies():
+    """bf16 runs decode along the bf16 reference's tokens (free-running, one flipped near-tie changes the text
+    and the acceptance length with it): every correct strategy passes, store_all and treewy agreeing at every
+    step, the deferred ones differing only at choices within bf16_tie_ulps of a tie."""
+    res = run_gate(_bf16())
+    assert res.passed, res.failures
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["store_all"].agree == 1.0 and rows["treewy"].agree == 1.0
+    assert all(abs(r.length - r.ref_length) < CFG["bf16_tolerance"] / 2 for r in res.rows)
+
+
+def test_bf16_drift_is_caught_at_a_choice_rounding_cannot_flip():
+    res = run_gate(_bf16(strategy=["treewy"]), strategy_factory=lambda name, widths: Bf16Drift())
+    assert not res.passed
+    assert "bf16 ulps from a tie (at most 8)" in res.failures[0], res.failures
+    # the mean length alone would have passed it: the rule that catches it is the per-step one
+    assert abs(res.rows[0].length - res.rows[0].ref_length) < CFG["bf16_tolerance"]
+
+
+def test_a_followed_decode_is_the_reference_s_text():
+    target = TinyHybrid(TinyConfig(), torch.bfloat16)
+    drafter = Drafter(drafter_of(TinyHybrid(TinyConfig(), torch.float64), 0.03))
+    prompt = list(range(5, 30))
+    ref = speculative(target, drafter, prompt, 24, (2, 2, 2), None)
+    out = speculative(target, drafter, prompt, 24, (2, 2, 2), Bf16Drift(), follow=ref)
+    assert out.tokens == ref.tokens and out.nodes == ref.nodes and len(out.accepted) == len(ref.accepted)

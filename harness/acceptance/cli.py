@@ -24,11 +24,13 @@ def run(cfg: DictConfig) -> int:
         res.failures = [f for f in res.failures if not f.startswith("baseline ")]
         console.print(f"updated {path}")
     t = make_table("acceptance vs the float64 reference", ["draft", "strategy", "dtype", "ref length", "length",
-                                                          "tokens agree", "verdict"], left=3)
+                                                          "agree*", "verdict"], left=3)
     for r in res.rows:
         t.add_row(r.draft, r.strategy, r.dtype, f"{r.ref_length:.3f}", f"{r.length:.3f}", f"{r.agree:.0%}",
                   r.verdict if r.verdict != "FAIL" else f"[red]FAIL[/]: {r.detail}")
     console.print(t)
+    console.print("* tokens equal to the reference's; bfloat16: steps accepting as many drafts as the bf16 "
+                  "reference, on its path")
     if c.get("tree_sweep"):
         sweep = _tree_sweep(c)
         console.print("acceptance length vs draft tree (float64 reference): " +

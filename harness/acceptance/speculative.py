@@ -23,6 +23,9 @@ class Decode:
     tokens: list[int]
     accepted: list[int] = field(default_factory=list)          # drafts accepted per step
     margins: list[list[float]] = field(default_factory=list)   # top-2 logit margin of each choice per step
+    tops: list[list[float]] = field(default_factory=list)      # the top logit of each choice per step
+    nodes: list[int] = field(default_factory=list)             # the tree node committed per step
+    emitted: list[list[int]] = field(default_factory=list)     # the tokens each step appended (path + bonus)
 
     @property
     def mean_length(self) -> float:
@@ -33,6 +36,10 @@ class Decode:
 def _top2(logits: torch.Tensor) -> tuple[int, float]:
     v, i = logits.double().topk(2)
     return int(i[0]), float(v[0] - v[1])
+
+
+def _top(logits: torch.Tensor) -> float:
+    return float(logits.double().max())
 
 
 def greedy(model: TinyHybrid, prompt: list[int], n_new: int) -> Decode:
@@ -100,28 +107,44 @@ class Drafter:
 
 
 def speculative(model: TinyHybrid, drafter: Drafter, prompt: list[int], n_new: int, widths: tuple[int, ...],
-                gdn: Strategy | None) -> Decode:
-    """Greedy speculative decoding with the GDN state committed by ``gdn`` (None: literal recurrence)."""
+                gdn: Strategy | None, follow: Decode | None = None) -> Decode:
+    """Greedy speculative decoding with the GDN state committed by ``gdn`` (None: literal recurrence).
+
+    ``follow`` (a decode of the same prompt and widths): decode along its path instead of our own: each step
+    verifies and records what *this* model would accept (``accepted``, ``margins``), then commits the node
+    ``follow`` committed and appends its tokens, so both see the same context at every step. Free-running, two
+    runs that differ in one near-tie choice decode different text from there on, and their acceptance lengths
+    then differ by the text, not by the state they carry."""
     tree = DraftTree.from_widths(widths, root=True)
     logits, cache = model.prefill(prompt, gdn=gdn)
     root, margin = _top2(logits)
-    out = Decode([root])
-    while len(out.tokens) < n_new:
+    out = Decode([follow.tokens[0] if follow else root])
+    root = out.tokens[0]
+    while len(out.tokens) < n_new and (follow is None or len(out.accepted) < len(follow.accepted)):
         nodes = [root] + drafter.draft(prompt + out.tokens, widths)
         lg = model.verify(cache, nodes, tree)
-        node, path, margins = 0, [], []
+        node, path, margins, tops = 0, [], [], []
         while True:
             best, margin = _top2(lg[node])
             margins.append(margin)
+            tops.append(_top(lg[node]))
             child = next((c for c in tree.children(node) if nodes[c] == best), None)
             if child is None:
                 break
             node = child
             path.append(best)
-        model.commit(cache, node)
         out.accepted.append(len(path))
         out.margins.append(margins)
-        out.tokens.extend(path + [best])
-        root = best
+        out.tops.append(tops)
+        if follow is not None:
+            i = len(out.accepted) - 1
+            node, emitted = follow.nodes[i], follow.emitted[i]
+        else:
+            emitted = path + [best]
+        model.commit(cache, node)
+        out.nodes.append(node)
+        out.emitted.append(emitted)
+        out.tokens.extend(emitted)
+        root = emitted[-1]
     out.tokens = out.tokens[:n_new]
     return out
