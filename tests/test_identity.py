@@ -124,3 +124,64 @@ def test_committed_folders_without_an_identity_resume_through_their_points(tmp_p
     shutil.copytree(folder, copy)
     r = cli(capsys, "sweep", "sweep=h200_kernel_speed", "engine=sim", "report=false", f"out={copy}")
     assert r.returncode == 2 and 'engine.name: "vllm" -> "sim"' in r.stderr
+
+
+# -- provenance where the code travelled without its .git -----------------------------------------------------
+
+def test_a_staged_checkout_records_the_commit_it_is_and_says_when_it_is_not(tmp_path, monkeypatch):
+    """The GPU host gets the working tree without .git: stage_harness.sh records HEAD and its file list in
+    .devrun/, and provenance reports that commit there, with -dirty once a file differs (the kernel results
+    once recorded 598b26b-dirty while their README named 957d1db: nothing had set COMMITBENCH_GIT_COMMIT)."""
+    import subprocess
+
+    from harness.provenance import _staged, git_commit
+
+    monkeypatch.delenv("COMMITBENCH_GIT_COMMIT", raising=False)
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "a.py").write_text("x = 1\n")
+    (repo / "b.txt").write_text("b\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    stage = ROOT / "harness" / "engines" / "vllm" / "stage_harness.sh"
+    out = subprocess.run(["bash", str(stage), "commit"], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (repo / ".devrun" / "commit").read_text().strip() == head
+    assert "/.devrun/" in (repo / ".git" / "info" / "exclude").read_text()      # never committed by accident
+    host = tmp_path / "host"                        # what the device gets: the files, no .git
+    shutil.copytree(repo, host, ignore=shutil.ignore_patterns(".git"))
+    assert git_commit(host) == head
+    (host / "pkg" / "a.py").write_text("x = 2\n")
+    _staged.cache_clear()
+    assert git_commit(host) == head + "-dirty"
+    (host / "pkg" / "a.py").write_text("x = 1\n")
+    (host / "b.txt").unlink()
+    _staged.cache_clear()
+    assert git_commit(host) == head + "-dirty"
+    shutil.rmtree(host / ".devrun")
+    _staged.cache_clear()
+    assert git_commit(host) is None                 # nothing staged: unknown, never a guess
+    monkeypatch.setenv("COMMITBENCH_GIT_COMMIT", "abc123")
+    assert git_commit(host) == "abc123"             # set by hand: it wins
+    monkeypatch.delenv("COMMITBENCH_GIT_COMMIT")
+    (repo / "b.txt").write_text("changed\n")        # staged from a dirty tree: says so
+    subprocess.run(["bash", str(stage), "commit"], cwd=repo, capture_output=True, text=True, timeout=60, check=True)
+    assert (repo / ".devrun" / "commit").read_text().strip() == head + "-dirty"
+    _staged.cache_clear()
+    assert git_commit(repo) == head + "-dirty"
+    # a host whose copy of .git is stale (results/kernels/ once read 598b26b-dirty for 957d1db's code): the
+    # staged commit, whose files are all here unchanged, wins over git's HEAD
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    two = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["bash", str(stage), "commit"], cwd=repo, capture_output=True, text=True, timeout=60, check=True)
+    stale = tmp_path / "stale"
+    shutil.copytree(repo, stale)
+    subprocess.run(["git", "-C", str(stale), "reset", "-q", "--soft", "HEAD~1"], check=True)
+    _staged.cache_clear()
+    assert git_commit(stale) == two
+    (stale / "pkg" / "a.py").write_text("x = 3\n")  # ... and once a file differs, git's own answer
+    _staged.cache_clear()
+    assert git_commit(stale) == head + "-dirty"

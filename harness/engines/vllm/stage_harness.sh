@@ -17,11 +17,22 @@
 # The kernel benchmark needs no vLLM (the image's torch, Triton and pytest do): carry .whl only, then
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/cbsite .whl/*.whl && export PYTHONPATH=/tmp/cbsite:$PWD
 #   python3 -m pytest -q tests/test_kernels.py -k "not bench" && python3 -m harness bench kernels out=$OUT/kernels/h200.json
+#   .devrun/   the commit this checkout is (commit: HEAD, -dirty with local changes) and HEAD's file list with
+#              blob ids (files): the host has no .git, so harness/provenance.py records this commit in every
+#              result, and -dirty where a file there differs from it. The device copies the working tree at each
+#              call: after a commit, refresh only this part with `bash harness/engines/vllm/stage_harness.sh commit`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-for d in .whl .devdata; do
+for d in .whl .devdata .devrun; do
   grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >>.git/info/exclude
 done
+mkdir -p .devrun
+head=$(git rev-parse HEAD)
+[ -n "$(git status --porcelain --untracked-files=no)" ] && head="$head-dirty"
+echo "$head" > .devrun/commit
+git ls-tree -r HEAD > .devrun/files
+echo "stage_harness: .devrun/commit = $head"
+[ "${1:-}" = commit ] && exit 0
 mkdir -p .whl .devdata
 python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 --platform any -d .whl hydra-core==1.3.2 omegaconf==2.3.0
