@@ -42,6 +42,36 @@ def test_another_model_and_gpu_into_a_folder_are_refused_and_nothing_is_relabell
     assert summary["identity"]["model"]["name"] == "qwen35_9b" and summary["identity"]["hash"]
 
 
+def test_compare_reads_read_only_folders_writes_nowhere_and_names_what_the_two_setups_differ_in(tmp_path, capsys):
+    """compare once wrote analysis.json into both folders (a read-only one failed) and compared a 35B run with a
+    9B run without a word: now it writes nothing, and names the model, the GPU and every other identity setting
+    the two experiments differ in. (Root ignores the read-only bits: the folders are compared file by file and
+    byte by byte, so a file compare added or changed fails the test either way.)"""
+    import os
+    import stat
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli(capsys, *QUICK, f"out={a}").returncode == 0
+    assert cli(capsys, *QUICK, "model=qwen35_9b", "max_num_seqs=64", f"out={b}").returncode == 0
+    files = [p for d in (a, b) for p in d.rglob("*")]
+    for p in sorted(files, key=lambda p: -len(p.parts)) + [a, b]:       # read-only, folders last
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    before = {p: p.read_bytes() for p in files if p.is_file()}
+    try:
+        r = cli(capsys, "compare", str(a), str(b))
+        assert r.returncode == 0, r.stderr
+        assert {p: p.read_bytes() for d in (a, b) for p in d.rglob("*") if p.is_file()} == before
+        assert 'different setups (model qwen35_35b vs qwen35_9b)' in " ".join(r.stdout.split()), r.stdout
+        assert "run.max_num_seqs" in r.stdout, r.stdout
+        same = cli(capsys, "compare", str(a), str(a))
+        assert same.returncode == 0 and "different setups" not in same.stdout and "differ in" not in same.stdout
+    finally:
+        for p in [a, b, *files]:
+            if p.exists() and not p.is_symlink():
+                p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    assert os.access(a, os.W_OK)
+
+
 @pytest.mark.parametrize("override, field", [
     ("engine.efficiency.bandwidth=0.5", "engine.settings.efficiency.bandwidth"),
     ("seed=1", "run.seed"),
