@@ -219,6 +219,7 @@ def test_a_commit_reads_a_strided_or_2d_index_as_vllm_lays_it(strategy):
     lay = StashLayout(strategy, 2, 4, 16, 16, num_spec=3, buffer_len=8)
     base = Pages(lay, 8, gen, 16, 16, 4)
     base.header[:, 0], base.header[:, 1] = 3, 2
+    base.stash = torch.randn(base.stash.shape, generator=gen)   # every page stages nodes: its slots are live
     rows, acc = torch.tensor([6, 2, 5], dtype=torch.int32), torch.tensor([2, 1, 4], dtype=torch.int32)
     want = base.clone()
     PagedCommit(lay, "torch").commit(want.pool, want.stash, want.header, rows, acc)
@@ -528,6 +529,7 @@ def test_a_mixed_step_s_leaving_rows_are_committed_by_the_op(monkeypatch):
     lay = StashLayout("treewy", 2, 4, 16, 16, num_spec=3)
     pages = Pages(lay, 8, gen, 16, 16, 4)
     pages.header[:, 0] = 3                                 # every page has tokens staged by its last owner
+    pages.stash = torch.randn(pages.stash.shape, generator=gen)   # ... so its slots are live: finite
     ref = pages.clone()
     spec = torch.tensor([[1] * 4, [4] * 4], dtype=torch.int32)
     leave, leave_acc = torch.tensor([6, 2], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32)
