@@ -251,7 +251,7 @@ def test_interrupted_sweep_stops_its_server(tmp_path):
 def test_hung_engine_is_killed_and_recorded(tmp_path):
     """SIGSTOP the whole server mid-run: /health stays silent, the watchdog stops the point, the group is killed."""
     cfg = _point(tmp_path, "requests.min=200", "concurrency=[1]", "strategy=[store_all]",
-                 "engine.request_timeout_s=3")
+                 "engine.request_timeout_s=3", "engine.health_timeout_s=1")   # 3 checks of 2 + 1 s, not 2 + 5
     t, stopped = _when_serving(lambda pid: os.killpg(pid, signal.SIGSTOP), 2.0)
     t0 = time.time()
     summary = run_point(cfg, Store(tmp_path))
