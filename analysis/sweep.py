@@ -21,6 +21,7 @@ from harness.anchor import CallLog
 from harness.config import parse_draft
 from harness.point import memory_budget
 
+from .goodput import SLO, goodput, max_load_meeting
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
 
 # the regimes ratios are split by: the baseline's memory_bound verdict (True, False, None: unknown)
@@ -92,13 +93,17 @@ def graph_coverage(summary: dict[str, Any]) -> dict[str, Any] | None:
     return {"decode_tokens_max": decode, "largest_graph": largest, "decode_past_graphs": decode > largest}
 
 
-def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = None) -> dict[str, Any]:
+def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = None,
+            slo: SLO | None = None) -> dict[str, Any]:
     sweep = store.sweep_config()
     th = thresholds or Thresholds.from_config(sweep.get("thresholds"))
     base = baseline or sweep.get("baseline", "store_all")
+    slo = slo or SLO.from_config(sweep.get("slo"))      # the command's SLOs, else the ones the sweep ran with
     rows = [flatten(s) for s in store.summaries()]
     damaged = dict(getattr(store, "damaged", {}))     # left out above; a rerun of the sweep redoes them
     ok = [r for r in rows if r["status"] == "ok"]
+    for r in ok:      # goodput under this analysis's SLOs, from the stored requests (SLOs are not the run's)
+        r.update(goodput(store.requests(r["point_id"]), slo, r.get("duration_s")))
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in ok:
         groups[(r["workload"], r["memory"], r["load_kind"], r["load"], r["draft"])][r["strategy"]] = r
@@ -143,8 +148,42 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
                            "past": [r["point_id"] for r in ok if r["decode_past_graphs"]]},
         "anchor": (anchor := drift(store)),
         "side_by_side": side_by_side(groups, base, store, anchor),
+        "slo": {**slo.__dict__, "label": slo.label(), "max_load": slo_max_load(ok, slo)},
     }
     return result
+
+
+def slo_max_load(ok: list[dict[str, Any]], slo: SLO) -> list[dict[str, Any]]:
+    """Per curve (workload, memory budget, load kind, draft, strategy): the highest load whose good fraction
+    reaches ``slo.attainment`` (None where no load does), the capacity under the SLOs as a serving engineer
+    sizes it."""
+    curves: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in ok:
+        curves[(r["workload"], r["memory"], r["load_kind"], r["draft"], r["series"])].append(r)
+    return [{"workload": k[0], "memory": k[1], "load_kind": k[2], "draft": k[3], "series": k[4],
+             "loads": len(pts), "max": max_load_meeting(pts, slo)}
+            for k, pts in sorted(curves.items(), key=lambda kv: tuple(map(str, kv[0])))]
+
+
+def slo_title(slo: dict[str, Any]) -> str:
+    """What the goodput lines below it measure (vllm bench serve's definition)."""
+    return (f"goodput (a request is good when {slo['label']}; a load meets the SLOs when {slo['attainment']:.0%} "
+            "of its requests are good): the highest load meeting them")
+
+
+def slo_lines(result: dict[str, Any]) -> list[str]:
+    """The highest load meeting the SLOs per curve, as the summary and the report say it."""
+    slo = result.get("slo")
+    if not slo:
+        return []
+    out = []
+    for c in slo["max_load"]:
+        where = f"{c['workload']} {memory_title(c['memory'])} {c['draft']} {c['series']}"
+        m = c["max"]
+        unit = (lambda v: f"c{v:g}") if c["load_kind"] == "concurrency" else (lambda v: f"{v:g} req/s")
+        out.append(f"{where}: " + (f"up to {unit(m['load'])} ({m['good_fraction']:.0%} good, goodput "
+                                   f"{m['goodput']:.2f} req/s)" if m else f"no load of {c['loads']} meets them"))
+    return out
 
 
 def schedule_line(b: dict[str, Any]) -> str:

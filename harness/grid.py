@@ -134,6 +134,10 @@ def validate(cfg: dict[str, Any]) -> None:
                 raise ValueError(f"draft={d}: a step verifies {tree.num_nodes} tokens per request, more than "
                                  f"max_model_len={cfg['max_model_len']} or max_num_batched_tokens="
                                  f"{cfg['max_num_batched_tokens']} allow ({fit}); use a smaller draft or raise them")
+    if "slo" in cfg:                                     # goodput's objectives: checked before the first point
+        from analysis.goodput import SLO
+
+        SLO.from_config(cfg["slo"])
     failed = (cfg.get("thresholds") or {}).get("failed_requests")
     if "thresholds" in cfg and (not isinstance(failed, (int, float)) or isinstance(failed, bool)
                                 or not 0 <= failed < 1):

@@ -22,6 +22,7 @@ def _store(path: str) -> Store:
 def _analyze(store: Store, cfg: DictConfig) -> dict:
     """``store``'s analysis under the thresholds its sweep.json records; a folder that records none (a `run`
     before it recorded them) is classified with the config's (conf/thresholds/), said so."""
+    from analysis.goodput import SLO
     from analysis.regimes import Thresholds
     from analysis.sweep import analyze
 
@@ -29,7 +30,8 @@ def _analyze(store: Store, cfg: DictConfig) -> dict:
     if not store.sweep_config().get("thresholds"):
         th = Thresholds.from_config(OmegaConf.to_container(cfg.thresholds, resolve=True))
         print(f"{store.root}: sweep.json records no memory-bound thresholds; using conf/thresholds/'s {th}")
-    return analyze(store, th)
+    slo = SLO.from_config(OmegaConf.to_container(cfg.slo, resolve=True) if cfg.get("slo") else None)
+    return analyze(store, th, slo=slo)
 
 
 def run_one(cfg: DictConfig) -> int:

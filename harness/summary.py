@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.regimes import RATIOS
-from analysis.sweep import anchor_line, fmt_ratio, graph_line, schedule_line, side_by_side_cells
+from analysis.sweep import anchor_line, fmt_ratio, graph_line, schedule_line, side_by_side_cells, slo_lines, slo_title
 
 from .console import table as make_table
 
@@ -48,6 +48,10 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
         console.print(f"  [red]failed[/]: {who}: {reason}")
     for b in result.get("behind_schedule") or []:
         console.print(f"  [yellow]behind schedule[/]: {schedule_line(b)}")
+    if result.get("slo"):
+        console.print(slo_title(result["slo"]))
+        for line in slo_lines(result):
+            console.print(f"  {line}", highlight=False)
     for d in result.get("damaged") or []:
         console.print(f"  [yellow]damaged[/] (left out; rerun the sweep to redo it): {d['point_id']}: {d['reason']}")
     if report:

@@ -170,11 +170,12 @@ def _run(c: dict[str, Any], points: list[dict[str, Any]], anchor: dict[str, Any]
         console.print(f"[bold]time_budget_s={c['time_budget_s']}[/]: stopped before {stop['point_id']} ({est}, "
                       f"{max(stop['left_s'], 0):.0f} s left); {stop['points_left']} points left for the next "
                       "command: rerun the same command to resume")
+    from analysis.goodput import SLO
     from analysis.sweep import analyze, write_analysis
 
     from .summary import print_summary
 
-    result = analyze(store)
+    result = analyze(store, slo=SLO.from_config(c.get("slo")))
     write_analysis(store, result)
     report_path = None
     if c["report"] and result["counts"]["ok"]:

@@ -95,7 +95,7 @@ def build_report(store, result: dict[str, Any] | None = None) -> Path:
 # -- shared text ----------------------------------------------------------------------
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    from analysis.sweep import graph_line, schedule_line
+    from analysis.sweep import graph_line, schedule_line, slo_lines, slo_title
 
     c, sweep = result["counts"], result["sweep"]
     return [
@@ -110,7 +110,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"/metrics sample): {c['label']}" + (f", {c['unknown']} unknown (no evidence recorded)" if c.get("unknown")
                                              else ""),
     ] + ([line] if (line := graph_line(result)) else []) + [schedule_line(b)
-                                                             for b in result.get("behind_schedule") or []]
+                                                             for b in result.get("behind_schedule") or []] \
+        + ([slo_title(result["slo"])] + [f"  {line}" for line in slo_lines(result)] if result.get("slo") else [])
 
 
 def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:

@@ -54,6 +54,7 @@ RUN = {
     "python -m harness sweep gmu=0.6,0.75,0.9 strategy=store_all,treewy workload=sharegpt out=results/sweeps/mine",
     "python -m harness run workload=sharegpt gmu=0.6 concurrency=64 strategy=treewy",
     "python -m harness analyze results/sweeps/mine",
+    "python -m harness analyze results/sweeps/mine slo.ttft_ms=500",
     "python -m harness report results/sweeps/mine",
     "python -m harness compare results/sweeps/a results/sweeps/b",
     "python -m harness analyze results/sweeps/grid",
