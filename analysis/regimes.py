@@ -83,15 +83,23 @@ def ratio(strategy: Mapping[str, Any], baseline: Mapping[str, Any], name: str) -
     return s / b if higher else b / s
 
 
+MIN_GROUPS_FOR_INTERVAL = 5     # fewer values: no interval (a bootstrap of 1-4 values says little; [0.29, 0.29]
+#                                 for one group read as certainty)
+
+
 def geomean(values, boot: int = 2000, seed: int = 0, ci: float = 0.95) -> dict[str, float | None]:
-    """Geometric mean with a bootstrap confidence interval (scipy, percentile method, seeded)."""
+    """Geometric mean with a bootstrap confidence interval (scipy, percentile method, seeded) over the values,
+    which are design points (groups), not repeated runs of one; ``lo``/``hi`` are None for fewer than
+    MIN_GROUPS_FOR_INTERVAL values."""
     from scipy.stats import bootstrap
 
     x = np.log(np.array([v for v in values if v is not None and v > 0], dtype=float))
     if len(x) == 0:
         return {"geomean": None, "lo": None, "hi": None, "n": 0}
     g = float(np.exp(x.mean()))
-    if len(x) == 1 or np.ptp(x) == 0:
+    if len(x) < MIN_GROUPS_FOR_INTERVAL:
+        return {"geomean": g, "lo": None, "hi": None, "n": int(len(x))}
+    if np.ptp(x) == 0:
         return {"geomean": g, "lo": g, "hi": g, "n": int(len(x))}
     res = bootstrap((x,), np.mean, n_resamples=boot, confidence_level=ci, method="percentile",
                     random_state=np.random.default_rng(seed))

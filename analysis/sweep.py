@@ -365,7 +365,50 @@ def side_by_side_cells(row: dict[str, Any]) -> list[str]:
 
 
 def fmt_ratio(g: dict | None) -> str:
-    """A geomean with its 95% interval (regimes.geomean's), as the console and the reports print it."""
+    """A geomean with its 95% interval (regimes.geomean's), as the console and the reports print it; with fewer
+    groups than an interval needs, the count instead."""
     if not g or g.get("geomean") is None:
         return "-"
+    if g.get("lo") is None:
+        return f"{g['geomean']:.2f} (n={g['n']})"
     return f"{g['geomean']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]"
+
+
+VERDICT_METRICS = (("throughput", "output throughput"), ("p99_ttft", "p99 TTFT"))
+
+
+def verdict_lines(result: dict[str, Any]) -> list[str]:
+    """One sentence per strategy and regime that a reader can quote: per headline metric, better (the 95% interval
+    clear of 1 on the good side), worse (clear on the other), indistinguishable (it spans 1), or too few groups for
+    an interval; the interval is a bootstrap over the (workload, memory budget, load, draft) groups, not over
+    repeated runs."""
+    base, out = result["baseline"], []
+    for s, regimes in result["ratios"].items():
+        for regime, row in regimes.items():
+            if not row.get("points"):
+                continue
+            parts = []
+            for name, what in VERDICT_METRICS:
+                g = row.get(name) or {}
+                if g.get("geomean") is None:
+                    continue
+                x = g["geomean"]     # > 1: the strategy is better (throughput s/b; latency b/s)
+                flip = name != "throughput" and x < 1          # a latency that went up reads "x higher"
+                if name == "throughput":
+                    amount = f"{x:.2f}x {base}'s"
+                else:
+                    amount = f"{1 / x:.2f}x higher" if flip else f"{x:.2f}x lower"
+                if g.get("lo") is None:
+                    parts.append(f"{what} {amount} on {g['n']} group{'s' * (g['n'] != 1)} (too few for an interval)")
+                    continue
+                lo, hi = (1 / g["hi"], 1 / g["lo"]) if flip else (g["lo"], g["hi"])
+                ci = f"[{lo:.2f}, {hi:.2f}] over {g['n']} groups"
+                word = "better" if g["lo"] > 1 else "worse" if g["hi"] < 1 else "indistinguishable"
+                parts.append(f"{what} {word}: {amount} {ci}")
+            if parts:
+                out.append(f"{s} vs {base}, {regime}: " + "; ".join(parts))
+    return out
+
+
+VERDICT_NOTE = ("intervals: 95% bootstrap over the groups (design points), not over repeated runs; none below "
+                "5 groups")

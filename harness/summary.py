@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from analysis.regimes import RATIOS
-from analysis.sweep import anchor_line, fmt_ratio, graph_line, schedule_line, side_by_side_cells, slo_lines, slo_title
+from analysis.sweep import (VERDICT_NOTE, anchor_line, fmt_ratio, graph_line, schedule_line, side_by_side_cells,
+                            slo_lines, slo_title, verdict_lines)
 
 from .console import table as make_table
 
@@ -27,6 +28,10 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
             for regime, row in regimes.items():
                 t.add_row(s, regime, str(row["points"]), *[fmt_ratio(row[n]) for n in RATIOS])
         console.print(t)
+    for line in verdict_lines(result):
+        console.print(f"[bold]verdict[/]: {line}", highlight=False)
+    if result["ratios"]:
+        console.print(f"  ({VERDICT_NOTE})")
     if pairs := result.get("side_by_side"):
         t = make_table(f"each point beside {result['baseline']} at its settings (throughput x; p99 TTFT x lower; "
                        "adjusted: each point scaled by its command's anchor measurement; running requests and "

@@ -95,7 +95,7 @@ def build_report(store, result: dict[str, Any] | None = None) -> Path:
 # -- shared text ----------------------------------------------------------------------
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    from analysis.sweep import graph_line, schedule_line, slo_lines, slo_title
+    from analysis.sweep import VERDICT_NOTE, graph_line, schedule_line, slo_lines, slo_title, verdict_lines
 
     c, sweep = result["counts"], result["sweep"]
     return [
@@ -111,7 +111,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                                              else ""),
     ] + ([line] if (line := graph_line(result)) else []) + [schedule_line(b)
                                                              for b in result.get("behind_schedule") or []] \
-        + ([slo_title(result["slo"])] + [f"  {line}" for line in slo_lines(result)] if result.get("slo") else [])
+        + ([slo_title(result["slo"])] + [f"  {line}" for line in slo_lines(result)] if result.get("slo") else []) \
+        + [f"verdict: {line}" for line in verdict_lines(result)] + ([f"({VERDICT_NOTE})"] if result["ratios"] else [])
 
 
 def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from analysis.regimes import Thresholds, geomean, memory_bound, ratio
+from analysis.sweep import fmt_ratio
 from harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -734,18 +735,46 @@ def test_ratios_and_geomean_by_hand():
     s, b = {"output_throughput": 300.0, "ttft_p99": 2.0}, {"output_throughput": 200.0, "ttft_p99": 8.0}
     assert ratio(s, b, "throughput") == 1.5 and ratio(s, b, "p99_ttft") == 4.0
     assert ratio({"output_throughput": None}, b, "throughput") is None
-    g = geomean([1.0, 4.0, 2.0, 8.0])
-    assert g["geomean"] == pytest.approx(math.exp(np.log([1, 4, 2, 8]).mean())) == pytest.approx(2.8284, rel=1e-4)
-    assert g["lo"] <= g["geomean"] <= g["hi"] and g["n"] == 4
+    g = geomean([1.0, 4.0, 2.0, 8.0, 0.5])
+    assert g["geomean"] == pytest.approx(math.exp(np.log([1, 4, 2, 8, 0.5]).mean())) == pytest.approx(2.0, rel=1e-4)
+    assert g["lo"] <= g["geomean"] <= g["hi"] and g["n"] == 5
     # The percentile bootstrap of the mean of logs: its interval matches a hand-rolled one closely.
     rng = np.random.default_rng(0)
-    x = np.log([1.0, 4.0, 2.0, 8.0])
-    means = x[rng.integers(0, 4, (20000, 4))].mean(1)
+    x = np.log([1.0, 4.0, 2.0, 8.0, 0.5])
+    means = x[rng.integers(0, 5, (20000, 5))].mean(1)
     assert g["lo"] == pytest.approx(math.exp(np.quantile(means, 0.025)), rel=0.05)
     assert g["hi"] == pytest.approx(math.exp(np.quantile(means, 0.975)), rel=0.05)
-    one = geomean([3.0])
-    assert one["n"] == 1 and one["geomean"] == pytest.approx(3.0) == one["lo"] == one["hi"]
+    # below 5 groups no interval: a bootstrap of one group printed [0.29, 0.29], which reads as certainty
+    for few in ([3.0], [1.0, 4.0, 2.0, 8.0]):
+        g = geomean(few)
+        assert g["n"] == len(few) and g["lo"] is None and g["hi"] is None and g["geomean"] > 0
+    assert fmt_ratio(geomean([3.0])) == "3.00 (n=1)"
     assert geomean([])["geomean"] is None
+
+
+def test_the_verdict_says_better_worse_indistinguishable_or_too_few():
+    from analysis.sweep import verdict_lines
+
+    def g(x, lo, hi, n=8):
+        return {"geomean": x, "lo": lo, "hi": hi, "n": n}
+
+    result = {"baseline": "store_all", "ratios": {
+        "treewy": {"memory-bound": {"points": 8, "throughput": g(1.5, 1.2, 1.9), "p99_ttft": g(4.0, 2.0, 8.0)},
+                   "not memory-bound": {"points": 8, "throughput": g(0.8, 0.7, 0.9), "p99_ttft": g(0.5, 0.4, 0.6)}},
+        "replay": {"memory-bound": {"points": 8, "throughput": g(1.02, 0.95, 1.1), "p99_ttft": g(1.0, 0.9, 1.1)},
+                   "not memory-bound": {"points": 3, "throughput": g(1.1, None, None, 3), "p99_ttft": g(1.0, None, None, 3)},
+                   "unknown": {"points": 0}}}}
+    lines = verdict_lines(result)
+    assert lines == [
+        "treewy vs store_all, memory-bound: output throughput better: 1.50x store_all's [1.20, 1.90] over 8 groups; "
+        "p99 TTFT better: 4.00x lower [2.00, 8.00] over 8 groups",
+        "treewy vs store_all, not memory-bound: output throughput worse: 0.80x store_all's [0.70, 0.90] over 8 groups; "
+        "p99 TTFT worse: 2.00x higher [1.67, 2.50] over 8 groups",
+        "replay vs store_all, memory-bound: output throughput indistinguishable: 1.02x store_all's [0.95, 1.10] over 8 "
+        "groups; p99 TTFT indistinguishable: 1.00x lower [0.90, 1.10] over 8 groups",
+        "replay vs store_all, not memory-bound: output throughput 1.10x store_all's on 3 groups (too few for an "
+        "interval); p99 TTFT 1.00x lower on 3 groups (too few for an interval)",
+    ]
 
 
 # -- the report in a real browser (where Chromium is installed) ------------------

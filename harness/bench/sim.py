@@ -120,9 +120,9 @@ def run(cfg: DictConfig) -> int:
 
 
 def _fmt(g: dict) -> str:
-    if not g or g["geomean"] is None:
-        return "-"
-    return f"{g['geomean']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]"
+    from analysis.sweep import fmt_ratio
+
+    return fmt_ratio(g)
 
 
 def grid(cfg_overrides=()) -> DictConfig:
