@@ -178,7 +178,8 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 <p class="engine">engine: {e(str(result['engine']))}</p>
 <ul>{''.join(f'<li>{e(line)}</li>' for line in summary_lines(result))}</ul>
 <h2>Ratios to {e(result['baseline'])}, split by regime</h2>
-<p>Geometric means over (workload, memory budget, load, draft) groups with bootstrap 95% intervals; latencies as
+<p>Geometric means over (workload, memory budget, load, draft) groups with bootstrap 95% intervals over those
+groups, which are design points, not repeated runs (none below 5 groups: the count instead); latencies as
 "x lower" (baseline / strategy), so above 1 is better throughout.</p>
 <table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead><tbody>{rows}</tbody></table>
 <p>The TreeWY paper's figures for treewy vs store_all in memory-bound points (B200, measured):</p><ul>{paper}</ul>
@@ -318,20 +319,31 @@ def write_pdf(path: Path, result: dict[str, Any], figs, prov: dict[str, Any]) ->
     from matplotlib.backends.backend_pdf import PdfPages
 
     with PdfPages(path) as pdf:
+        import textwrap
+
         fig = plt.figure(figsize=(11.7, 8.3))
         fig.text(0.05, 0.93, "CommitBench: GDN state-commit strategies under speculative decoding", fontsize=15,
                  weight="bold")
-        fig.text(0.05, 0.895, f"engine: {result['engine']}", fontsize=12, color="#a00", weight="bold")
-        for i, line in enumerate(summary_lines(result)[1:]):
-            fig.text(0.05, 0.86 - 0.03 * i, line, fontsize=9)
-        ax = fig.add_axes([0.05, 0.25, 0.9, 0.45])
+        head, *rest = summary_lines(result)
+        fig.text(0.05, 0.895, head, fontsize=12, color="#a00", weight="bold")   # engine, and "simulator" where so
+        # every line of the summary (setup, memory-bound, goodput, verdicts), wrapped, spaced to fit the page
+        lines = [part for line in rest for part in textwrap.wrap(line, 140, subsequent_indent="    ") or [""]]
+        step = min(0.03, 0.8 / max(len(lines), 1))
+        for i, line in enumerate(lines):
+            fig.text(0.05, 0.86 - step * i, line, fontsize=9 if step >= 0.025 else 7)
+        pdf.savefig(fig)
+        plt.close(fig)
+        fig = plt.figure(figsize=(11.7, 8.3))
+        fig.text(0.05, 0.93, f"Ratios to {result['baseline']} — engine: {result['engine']}", fontsize=13, weight="bold")
+        ax = fig.add_axes([0.05, 0.25, 0.9, 0.6])
         ax.axis("off")
         rows = ratio_rows(result) or [["-"] * len(RATIO_HEAD)]
         tbl = ax.table(cellText=rows, colLabels=RATIO_HEAD, loc="upper center", cellLoc="center")
         tbl.auto_set_font_size(False)
         tbl.set_fontsize(8)
         tbl.scale(1, 1.4)
-        fig.text(0.05, 0.2, "Geometric means with bootstrap 95% intervals; latencies as 'x lower' (baseline / "
+        fig.text(0.05, 0.2, "Geometric means with bootstrap 95% intervals over the groups (design points, not "
+                 "repeated runs; none below 5 groups: n= instead); latencies as 'x lower' (baseline / "
                  "strategy). The TreeWY paper (B200, measured): " + "; ".join(paper_figures()) + ".",
                  fontsize=8, wrap=True)
         keys = ("git_commit", "torch", "vllm", "gpu", "time_utc")
