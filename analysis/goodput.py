@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from .metrics import _get     # a record as a dict or an object, as point_metrics reads it
+
 
 @dataclass(frozen=True)
 class SLO:
@@ -45,10 +47,6 @@ class SLO:
         parts = [f"{name} <= {v:g} ms" for name, v in (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms),
                                                       ("E2E", self.e2el_ms)) if v is not None]
         return " and ".join(parts)
-
-
-def _get(r, key):
-    return r[key] if isinstance(r, Mapping) else getattr(r, key)
 
 
 def is_good(record, slo: SLO) -> bool:

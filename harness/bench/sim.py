@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 import workloads
 from analysis.metrics import point_metrics
 from analysis.regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
+from analysis.sweep import fmt_ratio
 
 from .. import strategy_configs
 from ..config import compose, load_model, parse_draft
@@ -94,7 +95,7 @@ def run(cfg: DictConfig) -> int:
             for name in RATIOS:
                 row[name] = geomean([ratio(results[(*p, s)], results[(*p, cfg.baseline)], name) for p in sel])
             summary[f"{s}/{regime}"] = row
-            table.add_row(s, regime, str(len(sel)), *[_fmt(row[n]) for n in RATIOS])
+            table.add_row(s, regime, str(len(sel)), *[fmt_ratio(row[n]) for n in RATIOS])
     console.print(table)
     paper = cfg.paper
     theirs = [f"throughput {paper.throughput}x", f"p99 TTFT {paper.p99_ttft}x lower"]
@@ -117,12 +118,6 @@ def run(cfg: DictConfig) -> int:
                        for k, v in sorted(results.items())]}, indent=1))
         console.print(f"wrote {out}")
     return 0
-
-
-def _fmt(g: dict) -> str:
-    from analysis.sweep import fmt_ratio
-
-    return fmt_ratio(g)
 
 
 def grid(cfg_overrides=()) -> DictConfig:

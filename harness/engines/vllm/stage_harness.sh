@@ -5,7 +5,11 @@
 #              numpy, scipy, pyarrow, matplotlib, rich, joblib, tokenizers)
 #   .devdata/  ShareGPT's filtered requests as lengths (the 125 MB dataset cannot travel; see
 #              `python -m harness workloads export`)
-# Both are git-ignored. On the host, after unpacking vLLM:
+#   .devrun/   the commit this checkout is (commit: HEAD, -dirty with local changes) and HEAD's file list with
+#              blob ids (files): the host has no .git, so harness/provenance.py records this commit in every
+#              result, and -dirty where a file there differs from it. The device copies the working tree at each
+#              call: after a commit, refresh only this part with `bash harness/engines/vllm/stage_harness.sh commit`.
+# All three are git-ignored. On the host, after unpacking vLLM:
 #   source /tmp/vllm-site/vllm_env.sh
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cbsite .whl/*.whl
 #   export PYTHONPATH=/tmp/cbsite:$PYTHONPATH && source harness/engines/vllm/device_setup.sh
@@ -17,10 +21,6 @@
 # The kernel benchmark needs no vLLM (the image's torch, Triton and pytest do): carry .whl only, then
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/cbsite .whl/*.whl && export PYTHONPATH=/tmp/cbsite:$PWD
 #   python3 -m pytest -q tests/test_kernels.py -k "not bench" && python3 -m harness bench kernels out=$OUT/kernels/h200.json
-#   .devrun/   the commit this checkout is (commit: HEAD, -dirty with local changes) and HEAD's file list with
-#              blob ids (files): the host has no .git, so harness/provenance.py records this commit in every
-#              result, and -dirty where a file there differs from it. The device copies the working tree at each
-#              call: after a commit, refresh only this part with `bash harness/engines/vllm/stage_harness.sh commit`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 for d in .whl .devdata .devrun; do
