@@ -16,7 +16,9 @@ def _get(r, key):
 
 
 def point_metrics(records: Iterable, telemetry: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Throughput (output, total, requests/s), TTFT mean/p50/p99, TPOT mean/p50/p99, E2E mean/p99,
+    """Throughput (output, total, requests/s), TTFT, TPOT and E2E mean and :data:`PERCENTILES` (TPOT = (E2E - TTFT)
+    / (output tokens - 1) per request, vllm bench serve's), ITL from the telemetry (None where a point recorded
+    fewer percentiles),
     plus what the telemetry says (acceptance length, peak KV usage, preemptions, ...)."""
     recs = list(records)
     ok = [r for r in recs if _get(r, "error") is None and _get(r, "finish_s") is not None]
@@ -57,8 +59,9 @@ def point_metrics(records: Iterable, telemetry: Mapping[str, Any] | None = None)
             "num_blocks": telemetry.get("num_blocks"),
             "max_concurrency": telemetry.get("max_concurrency_max_len"),
             "spec_state_bytes": telemetry.get("spec_state_bytes"),
+            # per streamed chunk, as vllm bench serve counts it (a chunk may carry several tokens)
             "itl_mean": (telemetry.get("itl_s") or {}).get("mean"),
-            "itl_p99": (telemetry.get("itl_s") or {}).get("p99"),
+            **{f"itl_p{p}": (telemetry.get("itl_s") or {}).get(f"p{p}") for p in PERCENTILES},
         })
     return out
 
@@ -85,9 +88,13 @@ def _schedule(check: Mapping[str, Any] | None) -> dict[str, Any]:
             "rate_error": check.get("rate_error")}
 
 
+#: the percentiles every point's TTFT, TPOT, E2E and ITL are recorded at (the report shows a choice of them:
+#: conf/report.yaml ``percentiles``, vllm bench serve's --metric-percentiles)
+PERCENTILES = (50, 90, 95, 99)
+
+
 def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:
     x = x[~np.isnan(x)]
     if len(x) == 0:
-        return {f"{name}_mean": None, f"{name}_p50": None, f"{name}_p99": None}
-    return {f"{name}_mean": float(x.mean()), f"{name}_p50": float(np.percentile(x, 50)),
-            f"{name}_p99": float(np.percentile(x, 99))}
+        return {f"{name}_mean": None, **{f"{name}_p{p}": None for p in PERCENTILES}}
+    return {f"{name}_mean": float(x.mean()), **{f"{name}_p{p}": float(np.percentile(x, p)) for p in PERCENTILES}}

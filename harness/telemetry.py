@@ -19,6 +19,7 @@ COMMON: dict[str, type | tuple[type, ...]] = {
     "num_blocks": int, "block_size": int, "blocks_per_request_max_len": int,
     "max_concurrency_max_len": NUMBER,     # requests of max_model_len the pool holds at once
     "kv_usage": list,                      # the pool's usage over the run, sampled
+    "timeline": dict,                      # t_s, kv_usage, running, waiting: the same samples, side by side
     "peak_kv_usage": NUMBER, "max_running": int, "mean_running": NUMBER,
     "preemptions": OPTIONAL_INT,           # None: the engine exported no counter (unknown, not zero)
     "waiting_for_memory_s": NUMBER,        # sim: waiting for blocks; vLLM: waiting with seats free
@@ -44,7 +45,7 @@ BY_ENGINE: dict[str, dict[str, type | tuple[type, ...]]] = {
 
 #: keys added after points were committed under results/: such a point lacks them, and analysis reads the gap as
 #: "not recorded" (analysis.regimes.memory_bound: unknown unless its queue never waited)
-ADDED = frozenset({"waiting_s", "memory_evidence"})
+ADDED = frozenset({"waiting_s", "memory_evidence", "timeline"})
 
 
 def problems(telemetry: dict[str, Any], stored: bool = False) -> list[str]:

@@ -82,6 +82,7 @@ class PointSimulation:
         self.samples_t: list[np.ndarray] = []
         self.samples_used: list[np.ndarray] = []
         self.samples_running: list[np.ndarray] = []
+        self.samples_waiting: list[np.ndarray] = []
         self.itl_d: list[np.ndarray] = []
         self.itl_w: list[np.ndarray] = []
         self.steps = 0
@@ -276,7 +277,7 @@ class PointSimulation:
         first = (self.got[rids] == 0) & (produced > 0)
         self.first[rids[first]] = self.t
         self.got[rids] += produced
-        self._record(np.array([self.t]), np.array([self.used]), np.array([len(self.rid)]))
+        self._record(np.array([self.t]), np.array([self.used]), np.array([len(self.rid)]), len(self.waiting))
         if n_dec:
             self.itl_d.append(np.array([dt]))
             self.itl_w.append(np.array([n_dec]))
@@ -330,7 +331,7 @@ class PointSimulation:
         self.steps += e
         if self.waiting:       # the head of the queue could not start (_admissible) and nothing changes until e
             self._count_wait(self._queue_reason(), float(dt[:e].sum()), steps=e)
-        self._record(t_end[:e], need[:, :e].sum(0), n_active[:e])
+        self._record(t_end[:e], need[:, :e].sum(0), n_active[:e], len(self.waiting))   # no admission until e
         self.itl_d.append(dt[:e])
         self.itl_w.append(n_active[:e])
         finished = fin < e
@@ -352,10 +353,13 @@ class PointSimulation:
         keep = ~mask
         self.rid, self.kv, self.left, self.held = self.rid[keep], self.kv[keep], self.left[keep], self.held[keep]
 
-    def _record(self, t, used, running) -> None:
+    def _record(self, t, used, running, waiting: int) -> None:
+        """Samples at step ends: time (s), blocks used, running requests; ``waiting``: the queue's length, the
+        same for every step of the horizon (nothing is admitted until it ends)."""
         self.samples_t.append(np.asarray(t, dtype=float))
         self.samples_used.append(np.asarray(used, dtype=float))
         self.samples_running.append(np.asarray(running, dtype=float))
+        self.samples_waiting.append(np.full(len(self.samples_t[-1]), float(waiting)))
 
     # -- result --------------------------------------------------------------------
     def _result(self) -> PointResult:
@@ -369,6 +373,7 @@ class PointSimulation:
         t = np.concatenate(self.samples_t) if self.samples_t else np.zeros(0)
         used = np.concatenate(self.samples_used) if self.samples_used else np.zeros(0)
         running = np.concatenate(self.samples_running) if self.samples_running else np.zeros(0)
+        waiting = np.concatenate(self.samples_waiting) if self.samples_waiting else np.zeros(0)
         usage = used / self.num_blocks
         keep = _downsample(len(t), int(self.cfg["kv_usage_samples"]), usage)
         d = np.concatenate(self.itl_d) if self.itl_d else np.zeros(0)
@@ -385,6 +390,9 @@ class PointSimulation:
             "max_concurrency_max_len": plan.max_concurrency(self.num_blocks, self.p.max_model_len),
             "max_concurrency_mean_request": self.num_blocks / plan.blocks_per_request(int(round(mean_len))),
             "kv_usage": [[float(t[i]), float(usage[i])] for i in keep],
+            # the same samples with the batch and the queue (the report's timelines)
+            "timeline": {"t_s": [float(t[i]) for i in keep], "kv_usage": [float(usage[i]) for i in keep],
+                         "running": [int(running[i]) for i in keep], "waiting": [int(waiting[i]) for i in keep]},
             "peak_kv_usage": float(usage.max()) if len(usage) else 0.0,
             "max_running": int(running.max()) if len(running) else 0,
             "mean_running": float(running.mean()) if len(running) else 0.0,
@@ -418,11 +426,15 @@ def _downsample(n: int, k: int, usage: np.ndarray) -> list[int]:
     return sorted(idx)
 
 
+#: the inter-token latency's percentiles a point records (the report's percentile choices among them)
+ITL_PERCENTILES = (50, 90, 95, 99)
+
+
 def _weighted_quantiles(d: np.ndarray, w: np.ndarray) -> dict[str, float | None]:
     """Step durations weighted by the requests in them: the inter-token (chunk) latency distribution."""
     if len(d) == 0 or w.sum() == 0:
-        return {"mean": None, "p50": None, "p99": None}
+        return {"mean": None, **{f"p{p}": None for p in ITL_PERCENTILES}}
     order = np.argsort(d)
     cw = np.cumsum(w[order]) / w.sum()
-    q = {f"p{int(p * 100)}": float(d[order][min(np.searchsorted(cw, p), len(d) - 1)]) for p in (0.5, 0.99)}
+    q = {f"p{p}": float(d[order][min(np.searchsorted(cw, p / 100), len(d) - 1)]) for p in ITL_PERCENTILES}
     return {"mean": float((d * w).sum() / w.sum()), **q}

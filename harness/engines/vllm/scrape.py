@@ -141,6 +141,11 @@ class Sampler:
         waiting = [x for x in self.waiting if x is not None]
         return {
             "kv_usage": [[round(self.t[i], 3), self.kv[i]] for i in range(0, n, step) if self.kv[i] is not None],
+            # the same samples with the batch and the queue (the report's timelines); a missing gauge stays None
+            "timeline": {"t_s": [round(self.t[i], 3) for i in range(0, n, step)],
+                         "kv_usage": [self.kv[i] for i in range(0, n, step)],
+                         "running": [self.running[i] for i in range(0, n, step)],
+                         "waiting": [self.waiting[i] for i in range(0, n, step)]},
             "peak_kv_usage": max(kv, default=0.0),
             "max_running": int(max(running, default=0)),
             "mean_running": sum(running) / len(running) if running else 0.0,
