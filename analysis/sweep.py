@@ -23,6 +23,7 @@ from harness.point import memory_budget
 
 from .goodput import SLO, goodput, max_load_meeting
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
+from .setup import setup
 
 # the regimes ratios are split by: the baseline's memory_bound verdict (True, False, None: unknown)
 REGIMES = (("memory-bound", True), ("not memory-bound", False), ("unknown", None))
@@ -99,7 +100,8 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
     th = thresholds or Thresholds.from_config(sweep.get("thresholds"))
     base = baseline or sweep.get("baseline", "store_all")
     slo = slo or SLO.from_config(sweep.get("slo"))      # the command's SLOs, else the ones the sweep ran with
-    rows = [flatten(s) for s in store.summaries()]
+    summaries = list(store.summaries())
+    rows = [flatten(s) for s in summaries]
     damaged = dict(getattr(store, "damaged", {}))     # left out above; a rerun of the sweep redoes them
     ok = [r for r in rows if r["status"] == "ok"]
     for r in ok:      # goodput under this analysis's SLOs, from the stored requests (SLOs are not the run's)
@@ -149,6 +151,7 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
         "anchor": (anchor := drift(store)),
         "side_by_side": side_by_side(groups, base, store, anchor),
         "slo": {**slo.__dict__, "label": slo.label(), "max_load": slo_max_load(ok, slo)},
+        "setup": setup(summaries),
     }
     return result
 

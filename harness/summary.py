@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.regimes import RATIOS
+from analysis.setup import setup_line
 from analysis.sweep import (VERDICT_NOTE, anchor_line, fmt_ratio, graph_line, schedule_line, side_by_side_cells,
                             slo_lines, slo_title, verdict_lines)
 
@@ -18,6 +19,8 @@ def print_summary(result: dict[str, Any], console, report: Path | None = None) -
     c = result["counts"]
     console.print(f"[bold]{c['points']} points[/] ({c['failed']} failed), engine: {result['engine']}; "
                   f"memory-bound ({result['baseline']}'s pool bound the batch): {c['label']}")
+    if line := setup_line(result.get("setup")):
+        console.print(line, highlight=False)
     tables = [(f"ratios to {result['baseline']} (geomean [95% CI]; latencies: x lower)", result["ratios"])]
     if result.get("vs_no_spec"):
         tables.append(("ratios to speculation off (draft=none, same workload, memory budget and load; geomean [95% CI])",
