@@ -6,6 +6,7 @@ Input: the records of one point (dicts or objects with ``arrival_s``, ``first_to
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -98,3 +99,31 @@ def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:
     if len(x) == 0:
         return {f"{name}_mean": None, **{f"{name}_p{p}": None for p in PERCENTILES}}
     return {f"{name}_mean": float(x.mean()), **{f"{name}_p{p}": float(np.percentile(x, p)) for p in PERCENTILES}}
+
+
+#: vllm bench serve's --percentile-metrics names -> this project's metric prefix
+METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """The latency percentiles the points table and the export show (conf/percentiles/): ``values`` among those
+    every point records (analysis.metrics.PERCENTILES), ``metrics`` in vllm bench serve's names."""
+    values: tuple[float, ...] = (50, 99)
+    metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any] | None) -> "Percentiles":
+        cfg = dict(cfg or {})
+        values = tuple(cfg.get("values", cls.values))
+        metrics = tuple(cfg.get("metrics", cls.metrics))
+        bad = [v for v in values if isinstance(v, bool) or v not in PERCENTILES]
+        if bad or not values:
+            raise ValueError(f"percentiles.values={list(values)}: every point records p"
+                             f"{'/p'.join(map(str, PERCENTILES))} only; choose among those, e.g. "
+                             "percentiles.values=[50,90,99]")
+        bad = [m for m in metrics if m not in METRICS]
+        if bad:
+            raise ValueError(f"percentiles.metrics: {bad[0]!r} is not one of {', '.join(METRICS)} (vllm bench serve's "
+                             "--percentile-metrics names)")
+        return cls(tuple(values), tuple(metrics))

@@ -32,7 +32,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
      "harness.results_cli:run_one", ()),
     (("analyze",), "analyze", "memory-bound points and regime-split ratios of a result folder",
      "harness.results_cli:analyze_cmd", ("dir",)),
-    (("report",), "report", "write report.html and report.pdf for a result folder",
+    (("report",), "report", "write report.html and report.pdf for a result folder, or one report of several "
+     "(report DIR DIR ... baseline=STRATEGY out=DIR)",
      "harness.results_cli:report_cmd", ("dir",)),
     (("compare",), "compare", "two result folders point by point (e.g. sim against vllm)",
      "harness.results_cli:compare_cmd", ("a", "b")),
@@ -67,6 +68,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
      "the streaming load generator against a stub server: achieved rate and schedule lag (rate=500, chunks=16)",
      "harness.bench.loadgen:run", ()),
 ]
+# Commands that take more than one result folder (report DIR DIR ... out=DIR).
+MANY_FOLDERS = {"report"}
 # Commands whose overrides may use Hydra's sweep syntax on the grid's axes (gmu=0.6,0.9).
 GRID_CONFIGS = {"sweep", "run"}
 
@@ -125,13 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     from .config import compose
 
     try:
-        overrides = [f"{name}={_folder(name, getattr(args, name))}" for name in args.positional] \
-            + list(args.overrides)
+        extra = list(args.overrides)
+        folders = []
+        if args.config in MANY_FOLDERS:     # report DIR DIR ...: the words without "=" are further folders
+            folders = [w for w in extra if "=" not in w]
+            extra = [w for w in extra if "=" in w]
+        overrides = [f"{name}={_folder(name, getattr(args, name))}" for name in args.positional] + extra
         if args.config in GRID_CONFIGS:
             from .grid import normalize_overrides
 
             overrides = normalize_overrides(overrides)
         cfg = compose(args.config, overrides)
+        if folders:
+            from omegaconf import open_dict
+
+            with open_dict(cfg):      # paths as they are: a Hydra list override would parse commas and quotes
+                cfg.more = folders
         if args.cfg:
             from omegaconf import OmegaConf
 

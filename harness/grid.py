@@ -138,6 +138,10 @@ def validate(cfg: dict[str, Any]) -> None:
         from analysis.goodput import SLO
 
         SLO.from_config(cfg["slo"])
+    if "percentiles" in cfg:                             # the report's percentiles: checked before the first point
+        from analysis.metrics import Percentiles
+
+        Percentiles.from_config(cfg["percentiles"])
     failed = (cfg.get("thresholds") or {}).get("failed_requests")
     if "thresholds" in cfg and (not isinstance(failed, (int, float)) or isinstance(failed, bool)
                                 or not 0 <= failed < 1):

@@ -76,10 +76,12 @@ def analyze_cmd(cfg: DictConfig) -> int:
 
 
 def report_cmd(cfg: DictConfig) -> int:
+    from analysis.metrics import Percentiles
     from reports.build import build_report
 
     folder = Path(str(cfg.dir))
-    if not (folder / "points").is_dir() and folder.is_dir():
+    more = [str(m) for m in (cfg.get("more") or [])]
+    if not more and not (folder / "points").is_dir() and folder.is_dir():
         # A kernel benchmark folder (bench kernels out=DIR/NAME.json): one page per result.
         from reports.kernels import is_kernel_result, write_report
 
@@ -90,11 +92,32 @@ def report_cmd(cfg: DictConfig) -> int:
             return 0
     from analysis.sweep import write_analysis
 
-    store = _store(cfg.dir)
+    percentiles = Percentiles.from_config(OmegaConf.to_container(cfg.percentiles, resolve=True))
+    out = cfg.get("out")
+    if more:
+        from .store import Merged
+
+        if not out:
+            raise ValueError(f"report {cfg.dir} {' '.join(more)}: several folders make one report in a folder of "
+                             "its own; give out=DIR (a report never writes into its inputs)")
+        inputs = [str(cfg.dir), *more]
+        if any(Path(out).resolve() == Path(d).resolve() for d in inputs):
+            raise ValueError(f"out={out} is one of the folders reported; give a new folder")
+        store = Merged(inputs, out, cfg.get("baseline"))
+    else:
+        store = _store(cfg.dir)
+        if cfg.get("baseline") or out:
+            raise ValueError("baseline= and out= are for a report of several folders (report DIR DIR ... "
+                             "baseline=STRATEGY out=DIR); one folder's report uses its sweep's baseline, in place")
     result = _analyze(store, cfg)
+    if more:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        if store.renamed:
+            print(f"points found in more than one folder, renamed: {', '.join(sorted(store.renamed))}")
     write_analysis(store, result)
-    out = build_report(store, result)
-    print(f"wrote {out / 'report.html'} and {out / 'report.pdf'}")
+    folder = build_report(store, result, percentiles)
+    print(f"wrote {folder / 'report.html'}, {folder / 'report.pdf'}, {folder / 'bench_serve.json'} and "
+          f"{folder / 'points.csv'}")
     return 0
 
 

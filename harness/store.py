@@ -163,6 +163,14 @@ class Store:
             self._metrics[key] = point_metrics(pq.read_table(path).to_pylist(), summary.get("telemetry"))
         return {**summary, "metrics": dict(self._metrics[key])}
 
+    def summary(self, point_id: str) -> dict[str, Any]:
+        """A point's stored summary.json as written (telemetry included); {} where there is none."""
+        path = self.points / point_id / "summary.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
     def requests(self, point_id: str) -> list[dict[str, Any]]:
         path = self.points / point_id / "requests.parquet"
         return pq.read_table(path).to_pylist() if path.is_file() else []
@@ -248,3 +256,84 @@ def _json_default(x):
     except ImportError:  # pragma: no cover
         pass
     return str(x)
+
+
+class Merged:
+    """Several result folders read as one, for one report against one baseline (``report DIR DIR ... out=DIR``).
+    Read-only: the report and its analysis go to ``out``, never into an input. A point id found in more than one
+    folder keeps its first folder's name; the later ones become ``<id>@<folder>`` and their strategy
+    ``<strategy>@<folder>``, so two runs of one strategy (say the torch path and the fused kernel) are two series
+    against the same baseline instead of one silently replacing the other."""
+
+    def __init__(self, roots: list[str | Path], out: str | Path, baseline: str | None = None):
+        self.stores = [Store(r) for r in roots]
+        for s in self.stores:
+            if not s.points.is_dir():
+                raise FileNotFoundError(f"{s.root}: not a result folder (no points/); each DIR of report must be one")
+        names = [s.root.name for s in self.stores]
+        if len(set(names)) != len(names):       # the @folder suffix must tell them apart
+            names = [str(s.root) for s in self.stores]
+        self.names = names
+        self.root = Path(out)
+        self.points = self.root / "points"      # none: the points stay in their folders
+        self.baseline = baseline
+        self.renamed: dict[str, str] = {}       # point id here -> the id in its folder
+        self._where: dict[str, tuple[Store, str]] = {}
+        self.damaged: dict[str, str] = {}
+        self._all: list[dict[str, Any]] | None = None
+
+    def _load(self) -> list[dict[str, Any]]:
+        """Every folder's summaries once, renamed where ids collide (read once: the report iterates them
+        several times, sometimes only in part)."""
+        if self._all is None:
+            out = []
+            for store, name in zip(self.stores, self.names):
+                for s in store.summaries():
+                    pid = s["point_id"]
+                    if pid in self._where:
+                        new = f"{pid}@{name}"
+                        s = {**s, "point_id": new,
+                             "config": dict(s["config"], strategy=f"{s['config']['strategy']}@{name}")}
+                        self.renamed[new] = pid
+                        pid_here = new
+                    else:
+                        pid_here = pid
+                    self._where[pid_here] = (store, s["point_id"] if pid_here == pid else pid)
+                    out.append(s)
+                self.damaged.update({f"{name}/{k}": v for k, v in store.damaged.items()})
+            self._all = out
+        return self._all
+
+    def summaries(self) -> Iterator[dict[str, Any]]:
+        yield from self._load()
+
+    def _of(self, point_id: str) -> tuple[Store, str]:
+        self._load()
+        return self._where[point_id]
+
+    def requests(self, point_id: str) -> list[dict[str, Any]]:
+        store, pid = self._of(point_id)
+        return store.requests(pid)
+
+    def summary(self, point_id: str) -> dict[str, Any]:
+        store, pid = self._of(point_id)
+        return store.summary(pid)
+
+    def sweep_config(self) -> dict[str, Any]:
+        """The folders' sweep settings as one: the baseline given, else the one they share; thresholds they must
+        share; no anchor (drift is per campaign: report each folder alone for it)."""
+        cfgs = [s.sweep_config() for s in self.stores]
+        bases = {c.get("baseline", "store_all") for c in cfgs}
+        if self.baseline is None and len(bases) > 1:
+            raise ValueError(f"report: the folders' baselines differ ({', '.join(sorted(bases))}); give "
+                             "baseline=STRATEGY for the combined report")
+        ths = [c.get("thresholds") for c in cfgs if c.get("thresholds")]
+        if any(t != ths[0] for t in ths):
+            each = "; ".join(f"{n}: {c.get('thresholds')}" for n, c in zip(self.names, cfgs))
+            raise ValueError(f"report: the folders classify memory-bound points with different thresholds ({each}); "
+                             "report them separately")
+        join = lambda key: " + ".join(dict.fromkeys(str(c.get(key)) for c in cfgs if c.get(key) is not None)) or None
+        return {"sweep_name": join("sweep_name"), "model": join("model"), "gpu": join("gpu"),
+                "baseline": self.baseline or bases.pop(), "thresholds": ths[0] if ths else None,
+                "slo": next((c["slo"] for c in cfgs if c.get("slo")), None), "anchor": None,
+                "folders": [str(s.root) for s in self.stores]}

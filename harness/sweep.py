@@ -179,9 +179,10 @@ def _run(c: dict[str, Any], points: list[dict[str, Any]], anchor: dict[str, Any]
     write_analysis(store, result)
     report_path = None
     if c["report"] and result["counts"]["ok"]:
+        from analysis.metrics import Percentiles
         from reports.build import build_report
 
-        report_path = build_report(store, result)
+        report_path = build_report(store, result, Percentiles.from_config(c.get("percentiles")))
     elif c["report"]:
         console.print(f"no report: no point in {out} finished (the reasons are below)")
     print_summary(result, console, report_path)

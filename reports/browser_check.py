@@ -1,11 +1,12 @@
-"""Open a sweep's report.html in headless Chromium, fail on console errors, and render everything.
+"""Open a sweep's report.html in headless Chromium, fail on console errors or a missing part, and render everything.
 
-    python -m reports.browser_check DIR [--out DIR/render]
+    python -m reports.browser_check DIR [DIR ...] [--out DIR/render]
 
 Needs Debian's ``chromium``, ``chromium-driver`` and ``poppler-utils`` (``apt-get install chromium
 chromium-driver poppler-utils``) and ``pip install selenium``. Writes ``report-html.png`` (a
 full-page screenshot after sorting the points table, which exercises its script) and
-``report-pdf-<n>.png`` (pdftoppm's render of every PDF page); exits 1 on any console error.
+``report-pdf-<n>.png`` (pdftoppm's render of every PDF page); exits 1 on any console error, on a figure image the
+browser could not decode, or where the verdict, the setup line or the figures are missing.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-
                   "--disable-dev-shm-usage")
 
 
-def check_html(html: Path, png: Path) -> list[str]:
-    """Console errors (SEVERE) after loading and sorting; writes a full-page screenshot."""
+#: what every report's page must show, by element id or selector, as the browser sees it
+PARTS = {"verdict": "#verdict li", "setup line": "#setup", "latency definitions": "#latency-definitions",
+         "figures": "figure img", "points table": "#points tbody tr"}
+
+
+def check_html(html: Path, png: Path) -> tuple[list[str], dict[str, int]]:
+    """Console errors (SEVERE) after loading and sorting, and the count of each of :data:`PARTS` (figures: those
+    whose image decoded, ``figures broken``: those that did not); writes a full-page screenshot."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -46,7 +53,11 @@ def check_html(html: Path, png: Path) -> list[str]:
         height = driver.execute_script("return document.body.scrollHeight")
         driver.set_window_size(1300, min(int(height) + 100, 16000))
         driver.save_screenshot(str(png))
-        return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+        found = {name: len(driver.find_elements(By.CSS_SELECTOR, sel)) for name, sel in PARTS.items()}
+        found["figures broken"] = int(driver.execute_script(
+            "return Array.from(document.querySelectorAll('figure img')).filter(i => !(i.complete && i.naturalWidth > 0)).length"))
+        found["figures"] -= found["figures broken"]
+        return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"], found
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
@@ -59,26 +70,38 @@ def render_pdf(pdf: Path, out: Path) -> list[Path]:
     return sorted(out.glob("report-pdf-*.png"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reports.browser_check", description=__doc__.split("\n")[0])
-    p.add_argument("dir", help="a sweep folder with report.html and report.pdf")
-    p.add_argument("--out", default=None, help="where the PNGs go (default DIR/render)")
-    args = p.parse_args(argv)
-    root = Path(args.dir)
+def check(root: Path, out: Path | None = None) -> int:
+    """One report folder: 0 when the page loads clean with every part, 1 otherwise, 2 when it is missing."""
     html, pdf = root / "report.html", root / "report.pdf"
     for f in (html, pdf):
         if not f.is_file():
             print(f"{f}: missing; run `python -m harness report {root}` first", file=sys.stderr)
             return 2
-    out = Path(args.out) if args.out else root / "render"
+    out = out or root / "render"
     out.mkdir(parents=True, exist_ok=True)
-    errors = check_html(html, out / "report-html.png")
+    errors, found = check_html(html, out / "report-html.png")
     pages = render_pdf(pdf, out)
-    print(f"report.html: {len(errors)} console errors; screenshot {out / 'report-html.png'}")
-    print(f"report.pdf: {len(pages)} pages rendered to {out}/report-pdf-*.png")
+    missing = [name for name in PARTS if not found.get(name)] + (["figures (broken images)"]
+                                                                  if found["figures broken"] else [])
+    print(f"{html}: {len(errors)} console errors; {', '.join(f'{v} {k}' for k, v in found.items())}; "
+          f"screenshot {out / 'report-html.png'}")
+    print(f"{pdf}: {len(pages)} pages rendered to {out}/report-pdf-*.png")
     for e in errors:
         print(f"  console error: {e}")
-    return 1 if errors else 0
+    for m in missing:
+        print(f"  missing: {m}")
+    return 1 if errors or missing else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reports.browser_check", description=__doc__.split("\n")[0])
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="folders with report.html and report.pdf")
+    p.add_argument("--out", default=None, help="where the PNGs go (default DIR/render; one DIR only)")
+    args = p.parse_args(argv)
+    if args.out and len(args.dirs) > 1:
+        p.error("--out takes one DIR")
+    rcs = [check(Path(d), Path(args.out) if args.out else None) for d in args.dirs]
+    return max(rcs)
 
 
 if __name__ == "__main__":

@@ -65,9 +65,24 @@ def test_sweep_writes_points_analysis_and_reports(tmp_path):
     analysis = json.loads((tmp_path / "s" / "analysis.json").read_text())
     assert analysis["counts"]["groups"] == 4 and analysis["engine"] == "sim"
     html = (tmp_path / "s" / "report.html").read_text()
-    assert "engine: sim" in html and html.count("data:image/png;base64") == 7 and "sortTable" in html
-    # the paper's figures, read from conf/scale/*.yaml (their one place)
-    assert "35B on one B200, incl. BurstGPT: 31/105 points memory-bound, treewy 1.15x throughput" in html
+    from html import escape
+
+    from reports import figures
+    # every registered view has something to draw here (two strategies, two memory budgets): each is in the page
+    assert "engine: sim" in html and html.count("data:image/png;base64") == len(figures.FIGURES) and "sortTable" in html
+    assert all(f"<b>{escape(t)}.</b>" in html for t, _ in figures.FIGURES)
+    assert 'id="setup">setup: engine sim | 1x simulated H200 (TP 1)' in html and 'id="verdict"' in html
+    assert "treewy vs store_all, not memory-bound: output throughput" in html
+    # the published figures are rows of the ratio table, read from conf/scale/*.yaml and conf/published/
+    assert '<td class="published">treewy (TreeWY paper: 35B on one B200, incl. BurstGPT, measured)</td>' in html
+    assert '<td class="published">memory-bound (31/105 points)</td>' in html
+    # every point in vllm bench serve's field names and as CSV
+    bench = json.loads((tmp_path / "s" / "bench_serve.json").read_text())
+    assert len(bench) == 8 and {"request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
+                                "p99_ttft_ms", "p99_tpot_ms", "mean_itl_ms", "p99_e2el_ms"} <= set(bench[0])
+    one = next(p for p in analysis["points"] if p["point_id"] == bench[0]["point_id"])
+    assert bench[0]["p99_ttft_ms"] == pytest.approx(one["ttft_p99"] * 1e3)
+    assert (tmp_path / "s" / "points.csv").read_text().count("\n") == 9        # a header and 8 points
     assert (tmp_path / "s" / "report.pdf").read_bytes()[:5] == b"%PDF-"
     assert "memory-bound" in out.stdout and "report:" in out.stdout
 
@@ -844,7 +859,7 @@ def test_points_whose_decode_steps_passed_vllm_s_largest_graph_are_named(tmp_pat
     (store.root / "points" / "sharegpt-gmu0.9-c256-chain3-treewy" / "summary.json").write_text(json.dumps(s))
     again = analyze(store)
     assert again["graph_coverage"]["past"] == [] and graph_line(again) is None
-    assert not any("CUDA graph" in ln for ln in summary_lines(again))
+    assert not any("largest CUDA graph" in ln for ln in summary_lines(again))
 
 
 def test_engine_auto_is_resolved_before_the_overrides_so_engine_keys_reach_the_engine_that_runs(tmp_path, capsys):
@@ -975,7 +990,7 @@ def test_points_sized_by_kv_cache_bytes_are_grouped_and_labelled_by_their_pool_n
     assert memory_title("kv32MiB") == "KV pool 32 MiB" and memory_title("gmu0.9") == "gmu 0.9"
     assert sorted(["kv64MiB", "kv128MiB", "kv32MiB"], key=memory_order) == \
         ["kv32MiB", "kv64MiB", "kv128MiB"]
-    fig = figures.peak_kv_vs_load(figures.Inputs(result))
+    fig = figures.peak_kv_vs_load(figures.Inputs(result)).fig
     assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["sharegpt, KV pool 32 MiB",
                                                                        "sharegpt, KV pool 64 MiB"]
     plt.close(fig)

@@ -1,0 +1,111 @@
+"""The reports as a reader gets them: several folders in one report, the exports in vllm bench serve's names, the
+percentile choice, and every committed report in a real browser (where Chromium is installed; CI installs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "results" / "h200-vllm-sweep"          # store_all and treewy (torch path), H200
+FUSED = ROOT / "results" / "h200-vllm-treewy-fused"   # treewy alone (the fused kernel), same settings
+
+
+def harness(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _tree(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def test_two_folders_make_one_report_against_one_baseline_without_writing_into_either(tmp_path):
+    """A single-strategy folder (the fused-kernel treewy run) rendered an empty ratio table alone; reported with the
+    sweep that has store_all, its treewy points become a series of their own against the same baseline."""
+    before = {f: _tree(f) for f in (SWEEP, FUSED)}
+    r = harness("report", str(SWEEP), str(FUSED))
+    assert r.returncode == 2 and "give out=DIR" in r.stderr
+    r = harness("report", str(SWEEP), str(FUSED), f"out={tmp_path / 'both'}")
+    assert r.returncode == 2 and "baselines differ (store_all, treewy); give baseline=STRATEGY" in r.stderr
+    r = harness("report", str(SWEEP), f"out={tmp_path / 'x'}")
+    assert r.returncode == 2 and "baseline= and out= are for a report of several folders" in r.stderr
+    r = harness("report", str(SWEEP), str(FUSED), "baseline=store_all", f"out={tmp_path / 'both'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "renamed: sharegpt-gmu0.6-c128-chain3-treewy@h200-vllm-treewy-fused" in r.stdout
+    a = json.loads((tmp_path / "both" / "analysis.json").read_text())
+    assert set(a["ratios"]) == {"treewy", "treewy@h200-vllm-treewy-fused"} and a["baseline"] == "store_all"
+    fused = a["ratios"]["treewy@h200-vllm-treewy-fused"]
+    assert sum(row["points"] for row in fused.values()) == 2        # its c64 and c128 points, each beside store_all's
+    by = {p["point_id"]: p for p in a["points"]}
+    want = [by[f"sharegpt-gmu0.6-c{c}-chain3-treewy@h200-vllm-treewy-fused"]["output_throughput"]
+            / by[f"sharegpt-gmu0.6-c{c}-chain3-store_all"]["output_throughput"] for c in (64, 128)]
+    (got,) = [v["throughput"] for v in fused.values() if v["points"]]      # both groups in one regime
+    assert got["n"] == 2 and got["geomean"] == pytest.approx((want[0] * want[1]) ** 0.5)
+    html = (tmp_path / "both" / "report.html").read_text()
+    assert "points of 2 folders" in html and "treewy@h200-vllm-treewy-fused vs store_all" in html
+    assert {f: _tree(f) for f in (SWEEP, FUSED)} == before            # neither input was written
+    bench = json.loads((tmp_path / "both" / "bench_serve.json").read_text())
+    assert len(bench) == 10 and {b["strategy"] for b in bench} == {"store_all", "treewy",
+                                                                   "treewy@h200-vllm-treewy-fused"}
+
+
+def test_the_points_table_and_export_show_the_percentiles_chosen(tmp_path):
+    out = tmp_path / "s"
+    r = harness("sweep", "sweep=quick", "engine=sim", "concurrency=[8]", "percentiles.values=[50,90]",
+                f"out={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    html = (out / "report.html").read_text()
+    assert "TTFT p90 ms" in html and "TTFT p99 ms" not in html and "ITL p90 ms" in html
+    bench = json.loads((out / "bench_serve.json").read_text())
+    assert "p90_tpot_ms" in bench[0] and "p99_tpot_ms" not in bench[0]
+    assert bench[0]["p90_ttft_ms"] >= bench[0]["median_ttft_ms"] > 0
+    r = harness("report", str(out), "percentiles.values=[75]")
+    assert r.returncode == 2 and "percentiles.values=[75]: every point records p50/p90/p95/p99 only" in r.stderr
+    r = harness("sweep", "sweep=quick", "engine=sim", "percentiles.metrics=[ttft,latency]", f"out={tmp_path / 'b'}")
+    assert r.returncode == 2 and "'latency' is not one of ttft, tpot, itl, e2el" in r.stderr
+    assert not (tmp_path / "b").exists()                        # refused before the first point
+
+
+# -- every committed report in a real browser ------------------------------------------
+
+def committed_reports() -> list[Path]:
+    """The report folders under results/ that git tracks (a sweep's own results/sweeps/ is not committed)."""
+    out = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True)
+    names = out.stdout.split() if out.returncode == 0 else [str(p.relative_to(ROOT)) for p in ROOT.glob("results/**/*")]
+    return sorted({(ROOT / n).parent for n in names if n.endswith("/report.html")})
+
+
+BROWSER = bool(shutil.which("chromium") and shutil.which("chromedriver") and shutil.which("pdftoppm"))
+REQUIRED = os.environ.get("COMMITBENCH_REQUIRE_BROWSER") == "1"     # .ci/run: a missing browser fails, never skips
+
+
+def _need_browser():
+    if not BROWSER:
+        if REQUIRED:
+            pytest.fail("COMMITBENCH_REQUIRE_BROWSER=1 but Debian's chromium, chromium-driver or poppler-utils is "
+                        "missing: apt-get install chromium chromium-driver poppler-utils")
+        pytest.skip("Debian's chromium, chromium-driver and poppler-utils are not installed")
+    if REQUIRED:
+        import selenium  # noqa: F401  (the browser extra; a missing one fails in CI)
+    else:
+        pytest.importorskip("selenium")
+
+
+def test_every_committed_report_opens_clean_with_its_verdict_setup_and_figures(tmp_path):
+    _need_browser()
+    from reports.browser_check import check
+
+    reports = committed_reports()
+    assert len(reports) >= 8
+    for folder in reports:
+        name = str(folder.relative_to(ROOT)).replace("/", "_")
+        assert check(folder, tmp_path / name) == 0, folder
+        pages = sorted((tmp_path / name).glob("report-pdf-*.png"))
+        assert len(pages) >= 5 and all(p.stat().st_size > 5_000 for p in pages), folder
