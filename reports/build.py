@@ -249,7 +249,7 @@ RATIO_NOTE = ("Geometric means over (workload, memory budget, load, draft) group
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=85)     # enough for a 1250 px page; committed reports stay small
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -443,8 +443,8 @@ class _Pages:
         import matplotlib.pyplot as plt
 
         self.n += 1
-        fig.text(0.04, 0.02, self.foot, fontsize=7, color="#555")
-        fig.text(0.96, 0.02, f"page {self.n}", fontsize=7, color="#555", ha="right")
+        fig.text(0.04, 0.025, self.foot, fontsize=7, color="#555")
+        fig.text(0.96, 0.025, f"page {self.n}", fontsize=7, color="#555", ha="right")
         self.pdf.savefig(fig)
         plt.close(fig)
 
@@ -477,22 +477,24 @@ def _table(pages: _Pages, title: str, rows: list[list[str]], head: list[str], no
 
 
 def _figure_page(pages: _Pages, title: str, fig, caption: str) -> None:
-    """A report figure on a page of its own, scaled to fit, its title above and its takeaway below."""
-    import matplotlib.image as mpimg
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=160)
-    buf.seek(0)
-    img = mpimg.imread(buf)
+    """A report figure on a page of its own, laid out again at the page's size (vector, as drawn), its title above
+    and its takeaway below. Call after the HTML has its PNG: the figure is resized here."""
     cap = textwrap.wrap(caption or "", 170)
-    page, top = pages.page(title)
-    bottom = 0.05 + 0.022 * len(cap)
-    ax = page.add_axes([0.03, bottom, 0.94, top - bottom])
-    ax.imshow(img)
-    ax.axis("off")
+    fig.set_size_inches(*PAGE)
+    bottom, top = 0.07 + 0.022 * len(cap), 0.89
+    engine = fig.get_layout_engine()
+    if engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine":
+        engine.set(rect=(0.02, bottom, 0.96, top - bottom))
+    else:
+        fig.tight_layout(rect=(0.02, bottom, 0.98, top))
+    fig.text(0.04, 0.95, title, fontsize=13, weight="bold", va="top")
+    sup = fig._suptitle            # the figure's own title says more than the page's: under it, out of the layout
+    if sup is not None and sup.get_text():
+        fig.text(0.04, 0.918, sup.get_text(), fontsize=9, va="top")
+        sup.set_visible(False)
     for i, line in enumerate(cap):
-        page.text(0.04, bottom - 0.012 - 0.022 * i, line, fontsize=9, va="top")
-    pages.save(page)
+        fig.text(0.04, bottom - 0.015 - 0.022 * i, line, fontsize=9, va="top")
+    pages.save(fig)
 
 
 def _points_tables(pages: _Pages, result: dict[str, Any], pct: Percentiles) -> None:

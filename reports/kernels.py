@@ -15,7 +15,18 @@ from typing import Any
 from harness.store import atomic_write
 
 from .build import _png
-from .figures import COLORS, plt
+from .figures import COLORS, _style, plt
+
+OVER_COPY = ("Above 100%: the op moved its bytes faster than the copy measured in the same run (a read + write stream); "
+             "a kernel that mostly writes, or whose reads hit L2, can. The fraction is against that copy, not "
+             "against the datasheet.")
+
+
+def _ticks(ax, values) -> None:
+    """Log axis ticked at the values measured (no overlapping 10^k labels)."""
+    v = sorted({x for x in values if x})
+    ax.set_xticks(v, [f"{x:g}" for x in v], fontsize=7)
+    ax.minorticks_off()
 
 
 def _title(result, text: str) -> str:
@@ -33,9 +44,10 @@ def step_vs_nodes(result: dict[str, Any]) -> plt.Figure:
                 lines[r["strategy"]].append((r["nodes"], 1e6 * r["step_s"]))
         for name, pts in lines.items():
             pts.sort()
-            ax.plot(*zip(*pts), marker="o", label=name, color=COLORS.get(name))
+            ax.plot(*zip(*pts), **_style(name))
         ax.set(xscale="log", yscale="log", xlabel="draft nodes N", ylabel="verify + commit, µs per layer",
                title=f"batch {B}")
+        _ticks(ax, [r["nodes"] for r in result["rows"] if r["batch"] == B])
         ax.legend(fontsize=8)
     fig.suptitle(_title(result, "Time per speculative step"), fontsize=9)
     fig.tight_layout()
@@ -60,6 +72,7 @@ def bandwidth_fraction(result: dict[str, Any]) -> plt.Figure:
                     ys.append(100 * hit[0][f"{part}_fraction_of_copy"])
             ax.bar(xs, ys, width, label=name, color=COLORS.get(name))
         ax.axhline(60, color="#999", lw=0.8, ls="--")
+        ax.axhline(100, color="#c00", lw=0.8, ls=":")
         ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(labels))],
                       [f"N={n}" for n, _ in labels], fontsize=7)
         ax.set(ylabel="% of copy bandwidth", title=f"{part}, batch {B}")
@@ -85,6 +98,7 @@ def solve_vs_nodes(result: dict[str, Any]) -> plt.Figure:
             label="store_all verify")
     ax.set(xscale="log", yscale="log", xlabel="chain nodes N", ylabel="µs per layer",
            title=_title(result, f"TreeWY's triangular solve, batch {rows[0]['batch']}"))
+    _ticks(ax, n)
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -105,10 +119,12 @@ def layer_vs_batch(result: dict[str, Any]) -> plt.Figure:
                 lines[r["strategy"]].append((r["batch"], 1e6 * t))
         for name, pts in lines.items():
             pts.sort()
-            color = COLORS.get("store_all" if name == "vllm_store_all" else name)
-            ax.plot(*zip(*pts), marker="o", label=name, color=color, ls="--" if name == "vllm_store_all" else "-")
+            st = _style("store_all" if name == "vllm_store_all" else name)
+            st.update(label=name, ls="--" if name == "vllm_store_all" else st["ls"])
+            ax.plot(*zip(*pts), **st)
         ax.set(xscale="log", yscale="log", xlabel="batch (requests)", ylabel="µs per layer and step",
                title=f"{d} (N={N})")
+        _ticks(ax, [r["batch"] for r in rows if r["draft"] == d])
         ax.legend(fontsize=7)
     fig.suptitle(_title(result, "One layer's speculative branch as vLLM runs it"), fontsize=9)
     fig.tight_layout()
@@ -149,7 +165,12 @@ def write_report(result: dict[str, Any], path: Path) -> Path:
         figs += [("Time per step", step_vs_nodes(result)), ("Bandwidth", bandwidth_fraction(result))]
     if result["solve"]:
         figs.append(("Solve", solve_vs_nodes(result)))
-    imgs = "".join(f'<figure><img alt="{e(t)}" src="data:image/png;base64,{_png(f)}"></figure>' for t, f in figs)
+    over = any(max(r.get("verify_fraction_of_copy") or 0, r.get("commit_fraction_of_copy") or 0) > 1
+               for r in result["rows"]) or any((r.get("fraction_of_copy") or 0) > 1
+                                               for r in result.get("layer", {}).get("rows", []))
+    notes = {"Bandwidth": OVER_COPY} if over else {}
+    imgs = "".join(f'<figure><img alt="{e(t)}" src="data:image/png;base64,{_png(f)}">'
+                   + (f"<figcaption>{e(notes[t])}</figcaption>" if t in notes else "") + "</figure>" for t, f in figs)
     for _, f in figs:
         plt.close(f)
     head = ["draft", "N", "batch", "strategy", "verify µs", "commit µs", "states moved", "verify %", "commit %",
@@ -180,6 +201,7 @@ Copy bandwidth measured in the same run: {result['copy_bandwidth'] / 1e9:,.0f} G
 {e(cross)} {e(tiles_txt)}
 Triton {e(str(result.get('triton')))}, torch {e(str(prov.get('torch')))}, commit {e(str(prov.get('git_commit')))}.</p>
 {imgs}
+{f"<p>{e(OVER_COPY)}</p>" if over else ""}
 {_layer_table(result)}
 {"<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + body_rows + "</table>" if body_rows else ""}
 </body></html>"""

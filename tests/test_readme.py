@@ -56,6 +56,7 @@ RUN = {
     "python -m harness analyze results/sweeps/mine",
     "python -m harness analyze results/sweeps/mine slo.ttft_ms=500",
     "python -m harness report results/sweeps/mine",
+    "python -m harness report results/sweeps/a results/sweeps/b baseline=store_all out=results/sweeps/ab",
     "python -m harness compare results/sweeps/a results/sweeps/b",
     "python -m harness analyze results/sweeps/grid",
     "python -m harness report results/sweeps/grid",
