@@ -23,6 +23,7 @@ from harness.point import memory_budget
 
 from .goodput import SLO, goodput, max_load_meeting
 from .regimes import RATIOS, Thresholds, geomean, memory_bound, ratio
+from .repeats import collapse, design_id
 from .setup import setup
 
 # the regimes ratios are split by: the baseline's memory_bound verdict (True, False, None: unknown)
@@ -63,7 +64,9 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
            # what a figure's line is: the strategy, or speculation off (no strategy involved)
            "series": cfg["strategy"] if cfg.get("draft") else NO_SPEC_SERIES,
            "engine": summary.get("engine"), "status": summary["status"], "reason": summary.get("reason"),
-           "model": cfg["model"]["name"], "gpu": cfg["gpu"]["name"]}
+           "model": cfg["model"]["name"], "gpu": cfg["gpu"]["name"],
+           "repeat": int(cfg.get("repeat") or 1),
+           "design_id": design_id(summary["point_id"], cfg.get("repeat"))}
     row.update(summary.get("metrics") or {})
     cover = graph_coverage(summary)
     row["decode_past_graphs"] = cover["decode_past_graphs"] if cover else None
@@ -106,6 +109,8 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
     ok = [r for r in rows if r["status"] == "ok"]
     for r in ok:      # goodput under this analysis's SLOs, from the stored requests (SLOs are not the run's)
         r.update(goodput(store.requests(r["point_id"]), slo, r.get("duration_s")))
+    ok = collapse(ok)          # repeats=N: one row per design point, the mean over its runs and their spread
+    rows = ok + [r for r in rows if r["status"] != "ok"]
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in ok:
         groups[(r["workload"], r["memory"], r["load_kind"], r["load"], r["draft"])][r["strategy"]] = r
@@ -138,6 +143,7 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
         "engine": engines[0] if len(engines) == 1 else engines,
         "baseline": base, "thresholds": th.__dict__, "sweep": sweep,
         "counts": {"points": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
+                   "runs": len(summaries), "repeats": max((r.get("repeats", 1) for r in ok), default=1),
                    "groups": len(classified), "memory_bound": n_bound, "unknown": n_unknown,
                    "label": f"{n_bound}/{len(classified)}" + (f" ({n_unknown} unknown)" if n_unknown else "")},
         "groups": classified, "ratios": ratios, "vs_no_spec": no_spec, "points": rows,

@@ -5,6 +5,8 @@ settings. Only configs: running them is harness.sweep's job (and harness.point's
 
 from __future__ import annotations
 
+import itertools
+
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -161,6 +163,9 @@ def validate(cfg: dict[str, Any]) -> None:
     seed = cfg["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed}: one whole number per sweep; run one sweep per seed (out=DIR each)")
+    reps = cfg.get("repeats", 1)
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"repeats={reps}: the runs of every design point, a whole number >= 1 (e.g. repeats=3)")
     jobs = cfg.get("jobs", 1)    # a sweep's setting (conf/sweep.yaml); python -m harness.point has none
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs={jobs}: must be a whole number >= 1 (points run in parallel on this machine)")
@@ -181,6 +186,7 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                              "config with harness.config.compose, which resolves auto first")
         engine = engine_config(engine_name)
     rule = cfg["requests"]
+    reps = int(cfg.get("repeats", 1))
     names = as_list(cfg["workloads"])
     settings = cfg.get("workload") if isinstance(cfg.get("workload"), dict) else {}
     out = []
@@ -213,7 +219,8 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                     no_spec = draft in (None, "none")
                     # Speculation off is one baseline per (workload, gmu, load): no strategy is involved (vLLM
                     # runs its own path, the plugin stays inert), so it runs once, recorded under store_all.
-                    for strategy in (["store_all"] if no_spec else as_list(cfg["strategy"])):
+                    for strategy, repeat in itertools.product(
+                            ["store_all"] if no_spec else as_list(cfg["strategy"]), range(1, reps + 1)):
                         out.append({
                             "model": cfg["model"], "gpu": cfg["gpu"], "engine": engine, "workload": wl,
                             "workload_name": wname, "strategy": strategy,
@@ -222,7 +229,8 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                             "requests": n, "max_num_seqs": cfg["max_num_seqs"],
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
                             "max_model_len": cfg["max_model_len"], "seed": cfg["seed"],
-                            "failed_requests": float(cfg["thresholds"]["failed_requests"])})
+                            "failed_requests": float(cfg["thresholds"]["failed_requests"]),
+                            **({"repeat": repeat} if reps > 1 else {})})
     _refuse_what_the_engine_cannot_run(engine, out)
     return out
 

@@ -44,12 +44,19 @@ def point_id(cfg: dict[str, Any]) -> str:
     load = cfg["load"]
     ld = f"c{load['concurrency']}" if load["kind"] == "closed" else f"{load['kind'][0]}{load['rate']:g}"
     draft = "nospec" if not cfg.get("draft") else parse_draft(cfg["draft"], root=True).label.removesuffix("+root")
+    rep = int(cfg.get("repeat") or 1)      # the first run keeps the plain id: folders from before repeats read alike
     return (f"{cfg['workload_name']}-{memory_budget(cfg)}-{ld}-{draft.replace(':', '').replace(',', 'x')}"
-            f"-{cfg['strategy']}")
+            f"-{cfg['strategy']}" + (f"-r{rep}" if rep > 1 else ""))
+
+
+def run_seed(cfg: dict[str, Any]) -> int:
+    """The seed a point's run draws with: the sweep's, plus repeat - 1 (each repeat draws its own arrivals and
+    acceptance; the sweep's seed, which the folder's identity records, stays one number)."""
+    return int(cfg["seed"]) + int(cfg.get("repeat") or 1) - 1
 
 
 def arrival_of(cfg: dict[str, Any]) -> workloads.Arrival:
-    load, seed = cfg["load"], int(cfg["seed"])
+    load, seed = cfg["load"], run_seed(cfg)
     if load["kind"] == "closed":
         return workloads.Arrival(kind="closed", max_concurrency=int(load["concurrency"]), seed=seed)
     # the grid gives an open load its workload's burstiness (harness.grid.expand)
@@ -68,7 +75,7 @@ def build_point(cfg: dict[str, Any]) -> Point:
     return Point(model=ModelSpec.from_config(cfg["model"]), gpu=GPUSpec.from_config(cfg["gpu"]),
                  strategy=cfg["strategy"], tree=tree, requests=tuple(reqs), arrival=arrival, gmu=float(cfg["gmu"]),
                  max_num_seqs=int(cfg["max_num_seqs"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
-                 max_model_len=int(cfg["max_model_len"]), seed=int(cfg["seed"]),
+                 max_model_len=int(cfg["max_model_len"]), seed=run_seed(cfg),
                  strategy_options=dict(cfg.get("strategy_options") or {}))
 
 
@@ -161,7 +168,7 @@ def run_point(cfg: dict[str, Any], store: Store) -> dict[str, Any]:
         summary.update(status="failed", reason=f"{type(e).__name__}: {e}",
                        traceback=traceback.format_exc(limit=6)[-4000:])
     summary["wall_s"] = time.perf_counter() - t0
-    summary["provenance"] = provenance(engine=cfg["engine"]["name"], seed=cfg["seed"])
+    summary["provenance"] = provenance(engine=cfg["engine"]["name"], seed=run_seed(cfg))
     store.write(pid, summary, recs)
     return summary
 

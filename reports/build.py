@@ -60,6 +60,9 @@ def columns(result: dict[str, Any], pct: Percentiles = Percentiles()) -> list[tu
         prefix, label, unit = LATENCIES[m]
         cols.append((f"{prefix}_mean", f"{label} mean {unit}", "ms" if unit == "ms" else "f2"))
         cols += [(f"{prefix}_p{v:g}", f"{label} p{v:g} {unit}", "ms" if unit == "ms" else "f2") for v in pct.values]
+    if any((p.get("repeats") or 1) > 1 for p in result["points"]):      # repeats=N: the mean and its spread
+        cols[8:8] = [("repeats", "runs", "int"), ("output_throughput_spread", "out tok/s spread %", "pct"),
+                     ("ttft_p99_spread", "p99 TTFT spread %", "pct")]
     cols += [("acceptance_length", "acc. len", "f2"), ("peak_kv_usage", "peak KV %", "pct"),
              ("preemptions", "preempt", "int"), ("max_running", "max running", "int"),
              ("mean_running", "mean running", "f1"), ("waiting_for_memory_s", "waited, seats free s", "f1")]
@@ -185,8 +188,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     ] + ([line] if (line := setup_line(result.get("setup"))) else []) + [
         f"model {sweep.get('model')}, sweep '{sweep.get('sweep_name')}', baseline {result['baseline']}"
         + (f"; points of {len(folders)} folders: {', '.join(folders)}" if folders else ""),
-        f"{c['points']} points ({c['ok']} ok, {c['failed']} failed) in {c['groups']} (workload, memory budget, load, draft) "
-        "groups",
+        (f"{c['points']} points ({c['ok']} ok, {c['failed']} failed)" if c.get("repeats", 1) == 1 else
+         f"{c['ok']} design points, each the mean of up to {c['repeats']} repeated runs ({c['runs']} runs, "
+         f"{c['failed']} failed; the points table gives each one's spread (max - min) / mean)")
+        + f" in {c['groups']} (workload, memory budget, load, draft) groups",
         f"memory-bound ({result['baseline']}'s pool bound the batch: a preemption, or requests waiting for "
         f"blocks with seats free, on vLLM at >= {result['thresholds']['peak_kv_usage']:.0%} KV usage in the same "
         f"/metrics sample): {c['label']}" + (f", {c['unknown']} unknown (no evidence recorded)" if c.get("unknown")

@@ -109,3 +109,32 @@ def test_every_committed_report_opens_clean_with_its_verdict_setup_and_figures(t
         assert check(folder, tmp_path / name) == 0, folder
         pages = sorted((tmp_path / name).glob("report-pdf-*.png"))
         assert len(pages) >= 5 and all(p.stat().st_size > 5_000 for p in pages), folder
+
+
+def test_repeats_give_each_design_point_the_mean_of_its_runs_and_their_spread(tmp_path):
+    """repeats=N runs every design point N times (repeat r > 1 as <id>-r<r>, drawing with seed + r - 1);
+    analysis reports one row per design point: the mean of its runs, and their spread (max - min) / mean."""
+    from harness.store import Store
+
+    out = tmp_path / "s"
+    r = harness("sweep", "sweep=quick", "engine=sim", "concurrency=[128]", "repeats=3", f"out={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = {s["point_id"]: s for s in Store(out).summaries()}
+    assert sorted(runs) == sorted(f"balanced_chat-gmu0.9-c128-chain3-{s}{rep}" for s in ("store_all", "treewy")
+                                  for rep in ("", "-r2", "-r3"))
+    assert [runs[f"balanced_chat-gmu0.9-c128-chain3-treewy{rep}"]["provenance"]["seed"]
+            for rep in ("", "-r2", "-r3")] == [0, 1, 2]
+    a = json.loads((out / "analysis.json").read_text())
+    assert a["counts"]["ok"] == 2 and a["counts"]["runs"] == 6 and a["counts"]["repeats"] == 3
+    for p in a["points"]:
+        tput = [runs[pid]["metrics"]["output_throughput"] for pid in p["repeat_ids"]]
+        assert len(tput) == 3 and len(set(tput)) > 1                 # the runs drew differently
+        assert p["output_throughput"] == pytest.approx(sum(tput) / 3)
+        assert p["output_throughput_spread"] == pytest.approx((max(tput) - min(tput)) / (sum(tput) / 3))
+    by = {p["strategy"]: p for p in a["points"]}
+    want = by["treewy"]["output_throughput"] / by["store_all"]["output_throughput"]
+    assert a["ratios"]["treewy"]["not memory-bound"]["throughput"]["geomean"] == pytest.approx(want)
+    html = (out / "report.html").read_text()
+    assert "each the mean of up to 3 repeated runs" in html and "out tok/s spread %" in html
+    r = harness("sweep", "sweep=quick", "engine=sim", "repeats=0", f"out={tmp_path / 'b'}")
+    assert r.returncode == 2 and "repeats=0: the runs of every design point" in r.stderr
