@@ -194,8 +194,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         + f" in {c['groups']} (workload, memory budget, load, draft) groups",
         f"memory-bound ({result['baseline']}'s pool bound the batch: a preemption, or requests waiting for "
         f"blocks with seats free, on vLLM at >= {result['thresholds']['peak_kv_usage']:.0%} KV usage in the same "
-        f"/metrics sample): {c['label']}" + (f", {c['unknown']} unknown (no evidence recorded)" if c.get("unknown")
-                                             else ""),
+        f"/metrics sample): {c['memory_bound']}/{c['groups']}" + (f" ({c['unknown']} unknown: no evidence recorded)"
+                                                                 if c.get("unknown") else ""),
     ] + ([line] if (line := graph_line(result)) else []) + [schedule_line(b)
                                                              for b in result.get("behind_schedule") or []] \
         + [f"verdict: {line}" for line in verdict_lines(result)] + ([f"({VERDICT_NOTE})"] if result["ratios"] else []) \

@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
@@ -180,6 +181,12 @@ def _metric_vs_load(result, value, ylabel: str, title: str, ylog: bool = False, 
         _load_axis(ax, [p["load"] for p in pts if p["workload"] == w and p["memory"] == g])
         if ylog:
             ax.set_yscale("log")
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")   # 0.5, 2, 10 rather than 6x10^0
+            ax.yaxis.set_major_formatter(plain)
+            lo, hi = ax.get_ylim()
+            # within about a decade the minor ticks are the only labels; over several they would crowd
+            ax.yaxis.set_minor_formatter(plain if hi / max(lo, 1e-12) < 20 else matplotlib.ticker.NullFormatter())
+            ax.tick_params(axis="y", which="minor", labelsize=6)
         elif ylim:
             ax.set_ylim(*ylim)
         else:
@@ -431,8 +438,13 @@ def ratio_heatmap(inp: Inputs) -> Drawn | None:
         cb.set_ticks(ticks, labels=[f"{2 ** t:.2g}x" for t in ticks])
     fig.suptitle(f"Throughput ratio to {base} (blue: better; outlined: memory-bound group; hatched: unknown)",
                  fontsize=10)
-    g = _largest_gap(r, "output_throughput", True)
-    cap = "" if g is None else f"Extremes: {g[1]} {g[2]:.2f}x at {_where(g[0], _ok(r))}."
+    cells = [(a / b, s, key) for key, pair in by.items() for s in others
+             if (a := (pair.get(s) or {}).get("output_throughput")) and (b := (pair.get(base) or {}).get("output_throughput"))]
+    cap = ""
+    if cells:
+        hi, lo = max(cells), min(cells)
+        cap = (f"Best: {hi[1]} {hi[0]:.2f}x at {_where(hi[2], _ok(r))}; worst: {lo[1]} {lo[0]:.2f}x at "
+               f"{_where(lo[2], _ok(r))}.")
     return Drawn(fig, cap)
 
 

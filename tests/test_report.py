@@ -106,9 +106,9 @@ def test_every_committed_report_opens_clean_with_its_verdict_setup_and_figures(t
     assert len(reports) >= 8
     for folder in reports:
         name = str(folder.relative_to(ROOT)).replace("/", "_")
-        assert check(folder, tmp_path / name) == 0, folder
+        assert check(folder, tmp_path / name, dpi=30) == 0, folder       # 30 dpi: every page rendered, quickly
         pages = sorted((tmp_path / name).glob("report-pdf-*.png"))
-        assert len(pages) >= 5 and all(p.stat().st_size > 5_000 for p in pages), folder
+        assert len(pages) >= 5 and all(p.stat().st_size > 2_000 for p in pages), folder
 
 
 def test_repeats_give_each_design_point_the_mean_of_its_runs_and_their_spread(tmp_path):
