@@ -384,12 +384,14 @@ def fmt_ratio(g: dict | None) -> str:
 
 
 VERDICT_METRICS = (("throughput", "output throughput"), ("p99_ttft", "p99 TTFT"))
+#: an interval inside 1 +- this reads "equal within 2%": a significant 1.00x [1.00, 1.01] is no win to a reader
+EQUAL_WITHIN = 0.02
 
 
 def verdict_lines(result: dict[str, Any]) -> list[str]:
-    """One sentence per strategy and regime that a reader can quote: per headline metric, better (the 95% interval
-    clear of 1 on the good side), worse (clear on the other), indistinguishable (it spans 1), or too few groups for
-    an interval; the interval is a bootstrap over the (workload, memory budget, load, draft) groups, not over
+    """One sentence per strategy and regime that a reader can quote: per headline metric, equal within 2% (the 95%
+    interval inside [0.98, 1.02]), better (clear of 1 on the good side), worse (clear on the other),
+    indistinguishable (it spans 1), or too few groups for an interval; the interval is a bootstrap over the (workload, memory budget, load, draft) groups, not over
     repeated runs."""
     base, out = result["baseline"], []
     for s, regimes in result["ratios"].items():
@@ -412,7 +414,8 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
                     continue
                 lo, hi = (1 / g["hi"], 1 / g["lo"]) if flip else (g["lo"], g["hi"])
                 ci = f"[{lo:.2f}, {hi:.2f}] over {g['n']} groups"
-                word = "better" if g["lo"] > 1 else "worse" if g["hi"] < 1 else "indistinguishable"
+                word = ("equal within 2%" if g["lo"] >= 1 - EQUAL_WITHIN and g["hi"] <= 1 + EQUAL_WITHIN
+                        else "better" if g["lo"] > 1 else "worse" if g["hi"] < 1 else "indistinguishable")
                 parts.append(f"{what} {word}: {amount} {ci}")
             if parts:
                 out.append(f"{s} vs {base}, {regime}: " + "; ".join(parts))
@@ -420,4 +423,4 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
 
 
 VERDICT_NOTE = ("intervals: 95% bootstrap over the groups (design points), not over repeated runs; none below "
-                "5 groups")
+                "5 groups; 'equal within 2%': the whole interval lies inside [0.98, 1.02]")

@@ -63,26 +63,28 @@ def check_html(html: Path, png: Path) -> tuple[list[str], dict[str, int]]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def render_pdf(pdf: Path, out: Path, jpeg: bool = False, dpi: int = 70) -> list[Path]:
-    """Every page of ``pdf`` as ``out``/report-pdf-<n>.png (or .jpg: smaller, for renders committed to git)."""
+def render_pdf(pdf: Path, out: Path, dpi: int = 70) -> list[Path]:
+    """Every page of ``pdf`` as ``out``/report-pdf-<n>.png at ``dpi``."""
     if not shutil.which("pdftoppm"):
         raise FileNotFoundError("pdftoppm not found: apt-get install poppler-utils")
-    fmt = ["-jpeg", "-jpegopt", "quality=80"] if jpeg else ["-png"]
-    subprocess.run(["pdftoppm", *fmt, "-r", str(dpi), str(pdf), str(out / "report-pdf")], check=True)
-    return sorted(out.glob("report-pdf-*.jpg" if jpeg else "report-pdf-*.png"))
+    subprocess.run(["pdftoppm", "-png", "-r", str(dpi), str(pdf), str(out / "report-pdf")], check=True)
+    return sorted(out.glob("report-pdf-*.png"))
 
 
-def _to_jpeg(png: Path) -> Path:
-    """The screenshot as a JPEG beside it (a full page is ~2 MB as PNG), the PNG removed."""
+def _small(png: Path, width: int = 900) -> Path:
+    """The screenshot as a JPEG ``width`` px wide beside it, the PNG removed (a full page is ~2 MB as PNG: too
+    much for renders committed to git)."""
     from PIL import Image
 
+    im = Image.open(png).convert("RGB")
+    im = im.resize((width, round(im.height * width / im.width)), Image.LANCZOS)
     jpg = png.with_suffix(".jpg")
-    Image.open(png).convert("RGB").save(jpg, quality=80, optimize=True)
+    im.save(jpg, quality=80, optimize=True)
     png.unlink()
     return jpg
 
 
-def check(root: Path, out: Path | None = None, jpeg: bool = False, dpi: int = 70) -> int:
+def check(root: Path, out: Path | None = None, small: bool = False, dpi: int = 70) -> int:
     """One report folder: 0 when the page loads clean with every part, 1 otherwise, 2 when it is missing."""
     html, pdf = root / "report.html", root / "report.pdf"
     for f in (html, pdf):
@@ -92,13 +94,13 @@ def check(root: Path, out: Path | None = None, jpeg: bool = False, dpi: int = 70
     out = out or root / "render"
     out.mkdir(parents=True, exist_ok=True)
     errors, found = check_html(html, out / "report-html.png")
-    shot = _to_jpeg(out / "report-html.png") if jpeg else out / "report-html.png"
-    pages = render_pdf(pdf, out, jpeg, dpi)
+    shot = _small(out / "report-html.png") if small else out / "report-html.png"
+    pages = render_pdf(pdf, out, 60 if small else dpi)
     missing = [name for name in PARTS if not found.get(name)] + (["figures (broken images)"]
                                                                   if found["figures broken"] else [])
     print(f"{html}: {len(errors)} console errors; {', '.join(f'{v} {k}' for k, v in found.items())}; "
           f"screenshot {shot}")
-    print(f"{pdf}: {len(pages)} pages rendered to {out}/report-pdf-*{pages[0].suffix if pages else ''}")
+    print(f"{pdf}: {len(pages)} pages rendered to {out}/report-pdf-*.png")
     for e in errors:
         print(f"  console error: {e}")
     for m in missing:
@@ -110,11 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m reports.browser_check", description=__doc__.split("\n")[0])
     p.add_argument("dirs", nargs="+", metavar="DIR", help="folders with report.html and report.pdf")
     p.add_argument("--out", default=None, help="where the PNGs go (default DIR/render; one DIR only)")
-    p.add_argument("--jpeg", action="store_true", help="JPEG instead of PNG (smaller: renders committed to git)")
+    p.add_argument("--small", action="store_true", help="a 900 px JPEG screenshot and 60 dpi pages (renders "
+                   "committed to git)")
     args = p.parse_args(argv)
     if args.out and len(args.dirs) > 1:
         p.error("--out takes one DIR")
-    rcs = [check(Path(d), Path(args.out) if args.out else None, args.jpeg) for d in args.dirs]
+    rcs = [check(Path(d), Path(args.out) if args.out else None, args.small) for d in args.dirs]
     return max(rcs)
 
 

@@ -208,11 +208,16 @@ RATIO_HEAD = ["strategy", "regime", "groups", "throughput (x)", "p99 TTFT (x low
 
 
 def direction(g: dict | None) -> str:
-    """A ratio cell's class: better / worse (the 95% interval clear of 1), same (it spans 1), few (no interval)."""
+    """A ratio cell's class: better / worse (the 95% interval clear of 1), same (it spans 1, or lies within 2% of
+    it), few (no interval)."""
     if not g or g.get("geomean") is None:
         return "none"
     if g.get("lo") is None:
         return "few"
+    from analysis.sweep import EQUAL_WITHIN
+
+    if g["lo"] >= 1 - EQUAL_WITHIN and g["hi"] <= 1 + EQUAL_WITHIN:
+        return "same"                     # equal within 2%: no win or loss a reader would act on
     return "better" if g["lo"] > 1 else "worse" if g["hi"] < 1 else "same"
 
 
@@ -246,7 +251,7 @@ CELL_COLORS = {"better": "#d4efd4", "worse": "#f6d2d2", "same": "#e4e4e4", "few"
 RATIO_NOTE = ("Geometric means over (workload, memory budget, load, draft) groups with bootstrap 95% intervals over "
               "those groups, which are design points, not repeated runs (none below 5 groups: n= instead); latencies "
               "as 'x lower' (baseline / strategy), so above 1 is better throughout. Green: better (the interval clear "
-              "of 1); red: worse; grey: indistinguishable (the interval spans 1); white: too few groups. Blue rows: "
+              "of 1); red: worse; grey: indistinguishable (the interval spans 1) or equal within 2% (inside [0.98, 1.02]); white: too few groups. Blue rows: "
               "published figures (other hardware and models), for scale, not comparison.")
 
 

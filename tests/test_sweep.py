@@ -778,7 +778,10 @@ def test_the_verdict_says_better_worse_indistinguishable_or_too_few():
                    "not memory-bound": {"points": 8, "throughput": g(0.8, 0.7, 0.9), "p99_ttft": g(0.5, 0.4, 0.6)}},
         "replay": {"memory-bound": {"points": 8, "throughput": g(1.02, 0.95, 1.1), "p99_ttft": g(1.0, 0.9, 1.1)},
                    "not memory-bound": {"points": 3, "throughput": g(1.1, None, None, 3), "p99_ttft": g(1.0, None, None, 3)},
-                   "unknown": {"points": 0}}}}
+                   "unknown": {"points": 0}},
+        # significant but negligible (the simulator's 1.00x [1.00, 1.01] read "better"), or just past 2%
+        "treewy_deferred": {"not memory-bound": {"points": 9, "throughput": g(1.005, 1.001, 1.01, 9),
+                                                 "p99_ttft": g(1.01, 1.001, 1.021, 9)}}}}
     lines = verdict_lines(result)
     assert lines == [
         "treewy vs store_all, memory-bound: output throughput better: 1.50x store_all's [1.20, 1.90] over 8 groups; "
@@ -789,6 +792,8 @@ def test_the_verdict_says_better_worse_indistinguishable_or_too_few():
         "groups; p99 TTFT indistinguishable: 1.00x lower [0.90, 1.10] over 8 groups",
         "replay vs store_all, not memory-bound: output throughput 1.10x store_all's on 3 groups (too few for an "
         "interval); p99 TTFT 1.00x lower on 3 groups (too few for an interval)",
+        "treewy_deferred vs store_all, not memory-bound: output throughput equal within 2%: 1.00x store_all's "
+        "[1.00, 1.01] over 9 groups; p99 TTFT better: 1.01x lower [1.00, 1.02] over 9 groups",
     ]
 
 
