@@ -287,8 +287,9 @@ def p99_ttft_vs_load(inp: Inputs) -> Drawn:
     cap = _gap_caption(r, "ttft_p99", False, "p99 TTFT", lambda v: f"{v:.2f} s")
     n = {p.get("requests") for p in _ok(r) if p.get("requests")}
     if n:
-        cap += (f" Each point is one run of {min(n)}-{max(n)} requests: its p99 is about the "
-                f"{max(1, round(min(n) / 100))}-{max(1, round(max(n) / 100))} worst.")
+        span = lambda a, b: f"{a}" if a == b else f"{a}-{b}"
+        cap += (f" Each point is one run of {span(min(n), max(n))} requests: its p99 is about the "
+                f"{span(max(1, round(min(n) / 100)), max(1, round(max(n) / 100)))} worst.")
     return Drawn(fig, cap)
 
 
@@ -343,6 +344,8 @@ def goodput_vs_load(inp: Inputs) -> Drawn | None:
         top = max(best, key=lambda c: c["max"]["load"])
         cap += f"; the highest load meeting them: {top['series']} at {_load_unit(_ok(r))(top['max']['load'])} " \
                f"({top['workload']}, {memory_title(top['memory'])})"
+    else:
+        cap += "; no load of any series meets them"
     return Drawn(fig, cap + ".")
 
 
@@ -441,7 +444,9 @@ def ratio_heatmap(inp: Inputs) -> Drawn | None:
     cells = [(a / b, s, key) for key, pair in by.items() for s in others
              if (a := (pair.get(s) or {}).get("output_throughput")) and (b := (pair.get(base) or {}).get("output_throughput"))]
     cap = ""
-    if cells:
+    if len(cells) == 1:
+        cap = f"One cell: {cells[0][1]} {cells[0][0]:.2f}x at {_where(cells[0][2], _ok(r))}."
+    elif cells:
         hi, lo = max(cells), min(cells)
         cap = (f"Best: {hi[1]} {hi[0]:.2f}x at {_where(hi[2], _ok(r))}; worst: {lo[1]} {lo[0]:.2f}x at "
                f"{_where(lo[2], _ok(r))}.")
@@ -515,6 +520,9 @@ def timelines(inp: Inputs) -> Drawn | None:
             lacking.append(s)
             kv_t, kv = (np.array([x[0] for x in t.get("kv_usage") or []], dtype=float),
                         [x[1] for x in t.get("kv_usage") or []])
+            ax.set_yticks([])      # no running/waiting recorded: no empty request axis
+            ax.text(0.02, 0.96, "running/waiting not recorded", transform=ax.transAxes, fontsize=7, va="top",
+                    color="#777")
         ax2 = ax.twinx()
         ax2.plot(kv_t, kv, color="#444", ls=":", lw=1, label="KV usage")
         ax2.set_ylim(0, 1.05)
