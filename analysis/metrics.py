@@ -11,6 +11,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from harness.telemetry import PERCENTILES   # the percentiles every point records (one definition)
+
 
 def _get(r, key):
     return r[key] if isinstance(r, Mapping) else getattr(r, key)
@@ -89,9 +91,6 @@ def _schedule(check: Mapping[str, Any] | None) -> dict[str, Any]:
             "rate_error": check.get("rate_error")}
 
 
-#: the percentiles every point's TTFT, TPOT, E2E and ITL are recorded at (the report shows a choice of them:
-#: conf/report.yaml ``percentiles``, vllm bench serve's --metric-percentiles)
-PERCENTILES = (50, 90, 95, 99)
 
 
 def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:
@@ -101,8 +100,9 @@ def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:
     return {f"{name}_mean": float(x.mean()), **{f"{name}_p{p}": float(np.percentile(x, p)) for p in PERCENTILES}}
 
 
-#: vllm bench serve's --percentile-metrics names -> this project's metric prefix
-METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
+#: vllm bench serve's --percentile-metrics names -> (this project's metric prefix, label, unit the report shows)
+METRICS = {"ttft": ("ttft", "TTFT", "ms"), "tpot": ("tpot", "TPOT", "ms"), "itl": ("itl", "ITL", "ms"),
+           "e2el": ("e2e", "E2E", "s")}
 
 
 @dataclass(frozen=True)

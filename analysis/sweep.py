@@ -66,6 +66,7 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
            "engine": summary.get("engine"), "status": summary["status"], "reason": summary.get("reason"),
            "model": cfg["model"]["name"], "gpu": cfg["gpu"]["name"],
            "repeat": int(cfg.get("repeat") or 1),
+           "gpus": int((cfg.get("engine") or {}).get("tensor_parallel_size") or 1),   # GPUs of the point's engine
            "design_id": design_id(summary["point_id"], cfg.get("repeat"))}
     row.update(summary.get("metrics") or {})
     cover = graph_coverage(summary)
@@ -109,8 +110,10 @@ def analyze(store, thresholds: Thresholds | None = None, baseline: str | None = 
     ok = [r for r in rows if r["status"] == "ok"]
     for r in ok:      # goodput under this analysis's SLOs, from the stored requests (SLOs are not the run's)
         r.update(goodput(store.requests(r["point_id"]), slo, r.get("duration_s")))
-    ok = collapse(ok)          # repeats=N: one row per design point, the mean over its runs and their spread
-    rows = ok + [r for r in rows if r["status"] != "ok"]
+    failed_runs = [r for r in rows if r["status"] != "ok"]
+    # repeats=N: one row per design point, the mean over its finished runs and their spread
+    ok = collapse(ok, failed_runs)
+    rows = ok + failed_runs
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in ok:
         groups[(r["workload"], r["memory"], r["load_kind"], r["load"], r["draft"])][r["strategy"]] = r

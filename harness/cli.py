@@ -7,6 +7,7 @@ Only commands that exist are listed.
 
 from __future__ import annotations
 
+import os
 import argparse
 import sys
 from typing import Callable
@@ -133,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.config in MANY_FOLDERS:     # report DIR DIR ...: the words without "=" are further folders
             folders = [w for w in extra if "=" not in w]
             extra = [w for w in extra if "=" in w]
+            missing = [w for w in folders if not os.path.isdir(w)]
+            if missing:
+                raise ValueError(f"{missing[0]}: not a folder; report takes result folders, then settings as "
+                                 "key=value (report DIR DIR baseline=store_all out=DIR)")
         overrides = [f"{name}={_folder(name, getattr(args, name))}" for name in args.positional] + extra
         if args.config in GRID_CONFIGS:
             from .grid import normalize_overrides

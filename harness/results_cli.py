@@ -101,8 +101,10 @@ def report_cmd(cfg: DictConfig) -> int:
             raise ValueError(f"report {cfg.dir} {' '.join(more)}: several folders make one report in a folder of "
                              "its own; give out=DIR (a report never writes into its inputs)")
         inputs = [str(cfg.dir), *more]
-        if any(Path(out).resolve() == Path(d).resolve() for d in inputs):
-            raise ValueError(f"out={out} is one of the folders reported; give a new folder")
+        inside = [d for d in inputs if Path(out).resolve().is_relative_to(Path(d).resolve())]
+        if inside:
+            raise ValueError(f"out={out} is inside {inside[0]}, one of the folders reported (a report never writes "
+                             "into its inputs); give a folder outside them")
         store = Merged(inputs, out, cfg.get("baseline"))
     else:
         store = _store(cfg.dir)

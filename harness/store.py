@@ -263,7 +263,8 @@ class Merged:
     Read-only: the report and its analysis go to ``out``, never into an input. A point id found in more than one
     folder keeps its first folder's name; the later ones become ``<id>@<folder>`` and their strategy
     ``<strategy>@<folder>``, so two runs of one strategy (say the torch path and the fused kernel) are two series
-    against the same baseline instead of one silently replacing the other."""
+    against the same baseline instead of one silently replacing the other (and the later folder's whole strategy
+    is renamed, not only its colliding points)."""
 
     def __init__(self, roots: list[str | Path], out: str | Path, baseline: str | None = None):
         self.stores = [Store(r) for r in roots]
@@ -283,22 +284,23 @@ class Merged:
         self._all: list[dict[str, Any]] | None = None
 
     def _load(self) -> list[dict[str, Any]]:
-        """Every folder's summaries once, renamed where ids collide (read once: the report iterates them
-        several times, sometimes only in part)."""
+        """Every folder's summaries once (the report iterates them several times, sometimes only in part). A later
+        folder's strategy with any point id already taken is renamed whole, every point of it (repeats too): one
+        run's points are one series, never split between two."""
         if self._all is None:
-            out = []
+            out: list[dict[str, Any]] = []
             for store, name in zip(self.stores, self.names):
-                for s in store.summaries():
-                    pid = s["point_id"]
-                    if pid in self._where:
-                        new = f"{pid}@{name}"
-                        s = {**s, "point_id": new,
-                             "config": dict(s["config"], strategy=f"{s['config']['strategy']}@{name}")}
+                mine = list(store.summaries())
+                taken = {s["config"]["strategy"] for s in mine if s["point_id"] in self._where}
+                for s in mine:
+                    pid, cfg = s["point_id"], s["config"]
+                    if cfg["strategy"] in taken:
+                        rep = int(cfg.get("repeat") or 1)
+                        suffix = f"-r{rep}" if rep > 1 else ""
+                        new = f"{pid.removesuffix(suffix)}@{name}{suffix}"
+                        s = {**s, "point_id": new, "config": dict(cfg, strategy=f"{cfg['strategy']}@{name}")}
                         self.renamed[new] = pid
-                        pid_here = new
-                    else:
-                        pid_here = pid
-                    self._where[pid_here] = (store, s["point_id"] if pid_here == pid else pid)
+                    self._where[s["point_id"]] = (store, pid)
                     out.append(s)
                 self.damaged.update({f"{name}/{k}": v for k, v in store.damaged.items()})
             self._all = out
@@ -332,6 +334,10 @@ class Merged:
             each = "; ".join(f"{n}: {c.get('thresholds')}" for n, c in zip(self.names, cfgs))
             raise ValueError(f"report: the folders classify memory-bound points with different thresholds ({each}); "
                              "report them separately")
+        have = sorted({s["config"]["strategy"] for s in self._load()})
+        if self.baseline is not None and self.baseline not in have:
+            raise ValueError(f"baseline={self.baseline}: no folder has points of it; their strategies: "
+                             f"{', '.join(have)}")
         join = lambda key: " + ".join(dict.fromkeys(str(c.get(key)) for c in cfgs if c.get(key) is not None)) or None
         return {"sweep_name": join("sweep_name"), "model": join("model"), "gpu": join("gpu"),
                 "baseline": self.baseline or bases.pop(), "thresholds": ths[0] if ths else None,

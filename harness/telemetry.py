@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 NUMBER = (int, float)
+#: the percentiles every point records of its latencies (ITL in ``itl_s``; TTFT, TPOT and E2E from its requests,
+#: analysis.metrics): the report shows a choice of them (conf/percentiles/)
+PERCENTILES = (50, 90, 95, 99)
 OPTIONAL_INT = (int, type(None))
 
 #: every engine's telemetry (analysis.metrics, analysis.sweep, harness.budget read these)

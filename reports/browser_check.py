@@ -47,8 +47,9 @@ def check_html(html: Path, png: Path) -> tuple[list[str], dict[str, int]]:
         driver.set_window_size(1300, 1000)
         driver.get(html.resolve().as_uri())
         headers = driver.find_elements(By.CSS_SELECTOR, "#points th")
-        if headers:
-            headers[min(7, len(headers) - 1)].click()   # sort by throughput: runs the page's script
+        tput = [h for h in headers if h.text.strip() == "out tok/s"] or headers[-1:]
+        if tput:
+            tput[0].click()          # sort by output throughput: runs the page's script
         driver.execute_script("window.scrollTo(0, 0)")
         height = driver.execute_script("return document.body.scrollHeight")
         driver.set_window_size(1300, min(int(height) + 100, 16000))

@@ -16,16 +16,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from analysis.metrics import Percentiles
+from analysis.metrics import METRICS, Percentiles
 from analysis.sweep import fmt_ratio, memory_order
 from harness.store import atomic_file, atomic_write
 
 from . import figures
-
-#: (metric name in vLLM's terms, the analysis row's prefix, label, unit: 'ms' or 's')
-LATENCIES = {"ttft": ("ttft", "TTFT", "ms"), "tpot": ("tpot", "TPOT", "ms"), "itl": ("itl", "ITL", "ms"),
-             "e2el": ("e2e", "E2E", "s")}
-
 
 def _fmt(kind: str, v) -> str:
     if v is None or (isinstance(v, float) and v != v):
@@ -40,6 +35,8 @@ def _fmt(kind: str, v) -> str:
         return f"{v * 1e3:,.1f}"
     if kind == "pct":
         return f"{v * 100:.0f}"
+    if kind == "pct1":
+        return f"{v * 100:.1f}"
     if kind == "mib":
         return f"{v / 2**20:,.1f}"
     if kind == "f1":
@@ -57,12 +54,13 @@ def columns(result: dict[str, Any], pct: Percentiles = Percentiles()) -> list[tu
             ("output_throughput", "out tok/s", "int"), ("request_throughput", "req/s", "f2"),
             ("goodput", "goodput req/s", "f2")]
     for m in pct.metrics:
-        prefix, label, unit = LATENCIES[m]
+        prefix, label, unit = METRICS[m]
         cols.append((f"{prefix}_mean", f"{label} mean {unit}", "ms" if unit == "ms" else "f2"))
         cols += [(f"{prefix}_p{v:g}", f"{label} p{v:g} {unit}", "ms" if unit == "ms" else "f2") for v in pct.values]
     if any((p.get("repeats") or 1) > 1 for p in result["points"]):      # repeats=N: the mean and its spread
-        cols[8:8] = [("repeats", "runs", "int"), ("output_throughput_spread", "out tok/s spread %", "pct"),
-                     ("ttft_p99_spread", "p99 TTFT spread %", "pct")]
+        cols[8:8] = [("repeats", "runs", "int"), ("runs_failed", "runs failed", "int"),
+                     ("output_throughput_spread", "out tok/s spread %", "pct1"),
+                     ("ttft_p99_spread", "p99 TTFT spread %", "pct1")]
     cols += [("acceptance_length", "acc. len", "f2"), ("peak_kv_usage", "peak KV %", "pct"),
              ("preemptions", "preempt", "int"), ("max_running", "max running", "int"),
              ("mean_running", "mean running", "f1"), ("waiting_for_memory_s", "waited, seats free s", "f1")]
@@ -79,7 +77,7 @@ LATENCY_NOTE = ("Latencies as vllm bench serve defines them: TTFT = first stream
                 "between consecutive streamed chunks over every request's chunks (under speculative decoding one chunk "
                 "can carry several accepted tokens, so ITL is one engine step, not one token); E2E = last token - "
                 "request sent. Percentiles are over the requests of one run: with N requests, p99 is about the "
-                "N/100-th worst one. Goodput: requests per second meeting every SLO, over the run's duration.")
+                "N/100-th worst one (with repeats=N, a point shows the mean over its runs of each run's percentile). Goodput: requests per second meeting every SLO, over the run's duration.")
 
 
 def paper_figures() -> list[str]:
@@ -288,6 +286,10 @@ def render_html(result: dict[str, Any], figs, prov: dict[str, Any], pct: Percent
     lines = [x for x in rest if x is not setup]
     verdicts = [x for x in lines if x.startswith("verdict: ")]
     others = [x for x in lines if not x.startswith("verdict: ")]
+    items = "".join(f"<li>{e(x.removeprefix('verdict: '))}</li>" for x in verdicts)
+    verdict_html = (f'<ul class="verdict" id="verdict">{items}</ul>' if verdicts else
+                    "<p>No verdict: no strategy beside the baseline (report this folder with another: report DIR "
+                    "DIR baseline=STRATEGY out=DIR).</p>")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>CommitBench report</title>
 <style>
@@ -311,7 +313,7 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 <p class="engine">{e(first)}</p>
 {f'<p class="setup" id="setup">{e(setup)}</p>' if setup else ''}
 <h2>Verdict</h2>
-<ul class="verdict" id="verdict">{''.join(f'<li>{e(x.removeprefix("verdict: "))}</li>' for x in verdicts) or '<li>no strategy beside the baseline</li>'}</ul>
+{verdict_html}
 <ul>{''.join(f'<li>{e(x)}</li>' for x in others)}</ul>
 <h2>Ratios to {e(result['baseline'])}, split by regime</h2>
 <p class="note">{e(RATIO_NOTE)}</p>

@@ -1,7 +1,8 @@
 """Every point in the field names other tools read: ``bench_serve.json`` in ``vllm bench serve``'s result keys
-(``request_throughput``, ``output_throughput``, ``mean_ttft_ms``, ``p99_tpot_ms``, ...), one object per point with
-its axes, and ``points.csv``, the same rows flat, beside the report (the per-request Parquet stays in each point's
-folder).
+(``request_throughput``, ``output_throughput``, ``mean_ttft_ms``, ``p99_tpot_ms``, ...), a list holding one such
+object per point (vLLM writes one file per run) with its axes first, and ``points.csv``, the same rows flat, beside
+the report (the per-request Parquet stays in each point's folder). With ``repeats=N`` a row is the design point's
+mean over its runs (``repeats`` says how many).
 
 Units follow vLLM: latencies in ms, throughputs per second, ``duration`` in s. Percentile keys are named as
 ``vllm bench serve --metric-percentiles`` names them (``p99_ttft_ms``, ``median_ttft_ms`` for p50).
@@ -34,8 +35,10 @@ def bench_serve_record(p: dict[str, Any], percentiles: list[float]) -> dict[str,
         "output_throughput": p.get("output_throughput"),
         "total_token_throughput": p.get("total_throughput"),
         "max_concurrency": p.get("load") if p.get("load_kind") == "concurrency" else None,
+        "request_rate": p.get("load") if p.get("load_kind", "").endswith("rate") else "inf",   # vLLM: inf = closed
+        "repeats": p.get("repeats", 1),
     })
-    for name, ours in METRICS.items():
+    for name, (ours, _, _) in METRICS.items():
         out[f"mean_{name}_ms"] = ms(p.get(f"{ours}_mean"))
         out[f"median_{name}_ms"] = ms(p.get(f"{ours}_p50"))
         for q in percentiles:

@@ -132,9 +132,20 @@ def _grid(n: int, cols: int = 3, w: float = 4.2, h: float = 3.1, layout: str | N
     return fig, list(axes.flat)
 
 
-def _panels(result) -> list[tuple[str, str]]:
-    """Every (workload, memory budget) of the result, memory budgets in order: small multiples, none dropped."""
-    return sorted({(p["workload"], p["memory"]) for p in _ok(result)}, key=lambda wm: (wm[0], memory_order(wm[1])))
+def _panels(result) -> list[tuple[str, str, str]]:
+    """Every (workload, memory budget, load kind) of the result, memory budgets in order: small multiples, none
+    dropped (a concurrency and a rate of the same number are different loads)."""
+    return sorted({(p["workload"], p["memory"], p["load_kind"]) for p in _ok(result)},
+                  key=lambda wmk: (wmk[0], memory_order(wmk[1]), wmk[2]))
+
+
+def _panel_title(result, w: str, g: str, kind: str) -> str:
+    kinds = {p["load_kind"] for p in _ok(result)}
+    return f"{w}, {memory_title(g)}" + (f", {kind}" if len(kinds) > 1 else "")
+
+
+def _in(p, w: str, g: str, kind: str) -> bool:
+    return p["workload"] == w and p["memory"] == g and p["load_kind"] == kind
 
 
 def _load_name(pts) -> str:
@@ -164,21 +175,21 @@ def _finish(fig, title: str) -> None:
 
 def _metric_vs_load(result, value, ylabel: str, title: str, ylog: bool = False, ylim=None,
                     extra: Callable | None = None) -> plt.Figure:
-    """One panel per (workload, memory budget), every one of them, a line per series: ``value(point)`` against the
-    load (None: skipped). ``extra(ax, workload, memory)`` adds to a panel."""
+    """One panel per (workload, memory budget, load kind), every one of them, a line per series: ``value(point)``
+    against the load (None: skipped). ``extra(ax, workload, memory, load kind)`` adds to a panel."""
     pts = _ok(result)
     panels = _panels(result)
     fig, axes = _grid(len(panels))
-    for ax, (w, g) in zip(axes, panels):
+    for ax, (w, g, kind) in zip(axes, panels):
         for s in _strategies(result):
             sel = sorted((p["load"], v) for p in pts
-                         if p["workload"] == w and p["memory"] == g and _series(p) == s and (v := value(p)) is not None)
+                         if _in(p, w, g, kind) and _series(p) == s and (v := value(p)) is not None)
             if sel:
                 ax.plot(*zip(*sel), **_style(s))
         if extra:
-            extra(ax, w, g)
-        ax.set_title(f"{w}, {memory_title(g)}", fontsize=9)
-        _load_axis(ax, [p["load"] for p in pts if p["workload"] == w and p["memory"] == g])
+            extra(ax, w, g, kind)
+        ax.set_title(_panel_title(result, w, g, kind), fontsize=9)
+        _load_axis(ax, [p["load"] for p in pts if _in(p, w, g, kind)])
         if ylog:
             ax.set_yscale("log")
             plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")   # 0.5, 2, 10 rather than 6x10^0
@@ -191,7 +202,7 @@ def _metric_vs_load(result, value, ylabel: str, title: str, ylog: bool = False, 
             ax.set_ylim(*ylim)
         else:
             ax.set_ylim(bottom=0)
-        ax.set_xlabel(_load_name(pts), fontsize=8)
+        ax.set_xlabel("concurrency" if kind == "concurrency" else f"{kind} (req/s)", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -202,16 +213,17 @@ def _metric_vs_load(result, value, ylabel: str, title: str, ylog: bool = False, 
 
 
 def _groups(result) -> dict[tuple, dict[str, dict]]:
-    """(workload, memory, load, draft) -> series -> point; speculation off joins every draft of its load."""
+    """(workload, memory, load, draft, load kind) -> series -> point; speculation off joins every draft of its
+    load. The load kind is last so that key[:3] reads (workload, memory, load) where one kind is swept."""
     out: dict[tuple, dict[str, dict]] = defaultdict(dict)
     pts = _ok(result)
     drafts = {p["draft"] for p in pts if _series(p) != "no_spec"}
     for p in pts:
         if _series(p) == "no_spec":
             for d in drafts:
-                out[(p["workload"], p["memory"], p["load"], d)]["no_spec"] = p
+                out[(p["workload"], p["memory"], p["load"], d, p["load_kind"])]["no_spec"] = p
         else:
-            out[(p["workload"], p["memory"], p["load"], p["draft"])][_series(p)] = p
+            out[(p["workload"], p["memory"], p["load"], p["draft"], p["load_kind"])][_series(p)] = p
     return out
 
 
@@ -234,7 +246,10 @@ def _largest_gap(result, metric: str, higher: bool) -> tuple[tuple, str, float] 
 
 
 def _where(key, pts) -> str:
-    return f"{key[0]}, {memory_title(key[1])}, {_load_unit(pts)(key[2])}"
+    """A group or point as a caption says it: workload, memory budget, load (c128, or 4 req/s)."""
+    kind = key[4] if len(key) > 4 else _load_name(pts)
+    unit = (lambda v: f"c{v:g}") if kind == "concurrency" else (lambda v: f"{v:g} req/s")
+    return f"{key[0]}, {memory_title(key[1])}, {unit(key[2])}"
 
 
 def _gap_caption(result, metric: str, higher: bool, what: str, fmt: Callable[[float], str]) -> str:
@@ -286,7 +301,10 @@ def p99_ttft_vs_load(inp: Inputs) -> Drawn:
                           "p99 time to first token vs load", ylog=True)
     cap = _gap_caption(r, "ttft_p99", False, "p99 TTFT", lambda v: f"{v:.2f} s")
     n = {p.get("requests") for p in _ok(r) if p.get("requests")}
-    if n:
+    reps = max((p.get("repeats") or 1) for p in _ok(r)) if _ok(r) else 1
+    if n and reps > 1:
+        cap += f" Each point is the mean of up to {reps} runs' p99s (the points table gives their spread)."
+    elif n:
         span = lambda a, b: f"{a}" if a == b else f"{a}-{b}"
         cap += (f" Each point is one run of {span(min(n), max(n))} requests: its p99 is about the "
                 f"{span(max(1, round(min(n) / 100)), max(1, round(max(n) / 100)))} worst.")
@@ -298,10 +316,10 @@ def running_vs_load(inp: Inputs) -> Drawn:
     r = inp.result
     pts = _ok(r)
 
-    def caps(ax, w, g):
+    def caps(ax, w, g, kind):
         for s in _strategies(r):
-            c = [p.get("max_concurrency") for p in pts if p["workload"] == w and p["memory"] == g
-                 and _series(p) == s and p.get("max_concurrency")]
+            c = [p.get("max_concurrency") for p in pts if _in(p, w, g, kind) and _series(p) == s
+                 and p.get("max_concurrency")]
             if c:
                 ax.axhline(float(np.median(c)), color=STYLES.get(s, ("#777",))[0], lw=0.8, ls=(0, (2, 2)), alpha=0.8)
 
@@ -313,7 +331,8 @@ def running_vs_load(inp: Inputs) -> Drawn:
             p["load_kind"] == "concurrency"]
     if flat:
         p, f = min(flat, key=lambda t: t[1])
-        cap = (f"Fewest running for the load at {_where((p['workload'], p['memory'], p['load']), pts)}: "
+        where = _where((p["workload"], p["memory"], p["load"], None, p["load_kind"]), pts)
+        cap = (f"Fewest running for the load at {where}: "
                f"{_series(p)} ran {p['mean_running']:.0f} requests on average of {p['load']:g} offered"
                + (f", against a KV-plan cap of {p['max_concurrency']:.0f}" if p.get("max_concurrency") else "") + ".")
     return Drawn(fig, cap)
@@ -355,15 +374,14 @@ def pareto(inp: Inputs) -> Drawn:
     GPU, one point per load, each series' Pareto frontier drawn as its line."""
     r = inp.result
     pts = _ok(r)
-    tp = _tp(r)
     panels = _panels(r)
     fig, axes = _grid(len(panels))
     unit = _load_unit(pts)
-    for ax, (w, g) in zip(axes, panels):
+    for ax, (w, g, kind) in zip(axes, panels):
         for s in _strategies(r):
-            sel = [(1 / p["tpot_mean"], p["output_throughput"] / tp, p["load"]) for p in pts
-                   if p["workload"] == w and p["memory"] == g and _series(p) == s and p.get("tpot_mean")
-                   and p.get("output_throughput")]
+            # per GPU of each point's own engine (a report of several folders may mix tensor-parallel sizes)
+            sel = [(1 / p["tpot_mean"], p["output_throughput"] / (p.get("gpus") or 1), p["load"]) for p in pts
+                   if _in(p, w, g, kind) and _series(p) == s and p.get("tpot_mean") and p.get("output_throughput")]
             if not sel:
                 continue
             st = _style(s)
@@ -374,23 +392,15 @@ def pareto(inp: Inputs) -> Drawn:
             for x, y, load in sel:
                 ax.annotate(unit(load), (x, y), fontsize=5.5, color=st["color"], xytext=(2, 2),
                             textcoords="offset points")
-        ax.set_title(f"{w}, {memory_title(g)}", fontsize=9)
+        ax.set_title(_panel_title(r, w, g, kind), fontsize=9)
         ax.set_xlabel("output tok/s per user (1 / mean TPOT)", fontsize=8)
-        ax.set_ylabel(f"output tok/s per GPU (of {tp})", fontsize=8)
+        ax.set_ylabel("output tok/s per GPU", fontsize=8)
         ax.grid(alpha=0.3)
     if axes and axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
     _finish(fig, "Latency-throughput Pareto (up and right is better; the line: each series' frontier)")
     return Drawn(fig, "A series whose frontier lies above another's serves more tokens per GPU at the same per-user "
                       "speed; points are labelled with their load.")
-
-
-def _tp(result) -> int:
-    gpu = (result.get("setup") or {}).get("gpu", "")
-    try:
-        return int(gpu.split("x", 1)[0])
-    except ValueError:
-        return 1
 
 
 def _frontier(xy: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -407,7 +417,7 @@ def ratio_heatmap(inp: Inputs) -> Drawn | None:
     base = r["baseline"]
     by = _groups(r)
     others = [s for s in _strategies(r) if s not in (base, "no_spec")]
-    rows = sorted({(k[0], k[1], k[3]) for k in by}, key=lambda t: (t[0], memory_order(t[1]), t[2]))
+    rows = sorted({(k[0], k[1], k[3], k[4]) for k in by}, key=lambda t: (t[0], memory_order(t[1]), t[2], t[3]))
     loads = sorted({k[2] for k in by})
     if not others or not rows:
         return None
@@ -417,9 +427,9 @@ def ratio_heatmap(inp: Inputs) -> Drawn | None:
     im = None
     for ax, s in zip(axes, others):
         m = np.full((len(rows), len(loads)), np.nan)
-        for i, (w, g, d) in enumerate(rows):
+        for i, (w, g, d, kind) in enumerate(rows):
             for j, load in enumerate(loads):
-                pair = by.get((w, g, load, d), {})
+                pair = by.get((w, g, load, d, kind), {})
                 a, b = (pair.get(s) or {}).get("output_throughput"), (pair.get(base) or {}).get("output_throughput")
                 if a and b:
                     m[i, j] = a / b
@@ -431,9 +441,11 @@ def ratio_heatmap(inp: Inputs) -> Drawn | None:
                     elif bound is None:
                         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="#777", hatch="///", lw=0))
         im = ax.imshow(np.log2(m), cmap="RdBu", norm=norm, aspect="auto")
-        ax.set_xticks(range(len(loads)), [unit(v) for v in loads], fontsize=7)
+        kinds = {x[3] for x in rows}
+        ax.set_xticks(range(len(loads)), [f"{v:g}" if len(kinds) > 1 else unit(v) for v in loads], fontsize=7)
         ax.set_yticks(range(len(rows)), [f"{w}, {memory_title(g)}" + ("" if len({x[2] for x in rows}) == 1 else f", {d}")
-                                         for w, g, d in rows], fontsize=7)
+                                         + ("" if len(kinds) == 1 else f", {kind}") for w, g, d, kind in rows],
+                      fontsize=7)
         ax.set_title(f"{s} / {base}, output throughput", fontsize=9)
     if im is not None:
         cb = fig.colorbar(im, ax=[a for a in axes if a.get_visible()], shrink=0.8)
@@ -578,8 +590,8 @@ def ratio_distributions(inp: Inputs) -> Drawn | None:
         ax.set_yscale("log")
         ax.set_title(f"{title} vs {base}; bar: geometric mean", fontsize=9)
     _finish(fig, f"Ratios to {base} per (workload, memory budget, load) group, by the group's regime")
-    return Drawn(fig, "Each dot is one group (one run per strategy), not a repeat; the table on page 1 gives the "
-                      "intervals where there are 5 groups or more.")
+    return Drawn(fig, "Each dot is one group (one design point per strategy), not a repeat; the table on page 1 "
+                      "gives the intervals where there are 5 groups or more.")
 
 
 @figure("Acceptance length per workload")

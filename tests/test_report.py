@@ -138,3 +138,60 @@ def test_repeats_give_each_design_point_the_mean_of_its_runs_and_their_spread(tm
     assert "each the mean of up to 3 repeated runs" in html and "out tok/s spread %" in html
     r = harness("sweep", "sweep=quick", "engine=sim", "repeats=0", f"out={tmp_path / 'b'}")
     assert r.returncode == 2 and "repeats=0: the runs of every design point" in r.stderr
+
+
+def test_a_later_folder_s_strategy_is_renamed_whole_even_where_only_one_point_collides(tmp_path):
+    """Folder B's treewy run shares one point id with A: every B treewy point becomes treewy@B, so one run is one
+    series (before, its other point joined A's treewy line)."""
+    from harness.store import Merged
+
+    b = tmp_path / "fused"
+    shutil.copytree(FUSED, b)
+    shutil.copytree(b / "points" / "sharegpt-gmu0.6-c64-chain3-treewy", b / "points" / "sharegpt-gmu0.6-c32-chain3-treewy")
+    s = json.loads((b / "points" / "sharegpt-gmu0.6-c32-chain3-treewy" / "summary.json").read_text())
+    s["point_id"], s["config"]["load"]["concurrency"] = "sharegpt-gmu0.6-c32-chain3-treewy", 32   # A has no c32
+    (b / "points" / "sharegpt-gmu0.6-c32-chain3-treewy" / "summary.json").write_text(json.dumps(s))
+    m = Merged([SWEEP, b], tmp_path / "out", "store_all")
+    from_b = {s["point_id"]: s["config"]["strategy"] for s in m.summaries() if m._of(s["point_id"])[0].root == b}
+    assert from_b == {f"sharegpt-gmu0.6-c{c}-chain3-treewy@fused": "treewy@fused" for c in (32, 64, 128)}
+    assert m.requests("sharegpt-gmu0.6-c32-chain3-treewy@fused")            # read from B under its own id
+    with pytest.raises(ValueError, match="baseline=store_al: no folder has points of it"):
+        Merged([SWEEP, b], tmp_path / "out", "store_al").sweep_config()
+
+
+def test_repeats_collapse_keeps_the_strongest_evidence_and_a_finished_run_s_id():
+    """A design point whose first run failed reads its requests from a run that finished; a run that recorded no
+    memory-bound evidence (None) does not erase another run's; an id that merely ends in -r2 is not a repeat."""
+    from analysis.repeats import collapse, design_id
+
+    def row(rep, tput, blocked, status="ok"):
+        pid = "w-gmu0.6-c8-chain3-treewy" + (f"-r{rep}" if rep > 1 else "")
+        return {"point_id": pid, "design_id": design_id(pid, rep), "repeat": rep, "status": status,
+                "output_throughput": tput, "blocked_kv_peak": blocked, "preemptions": None, "memory_evidence": "metrics"}
+
+    failed = [row(1, None, None, "failed")]
+    (one,) = collapse([row(2, 100.0, None), row(3, 300.0, 0.97)], failed)
+    assert one["point_id"] == "w-gmu0.6-c8-chain3-treewy-r2" and one["design_id"] == "w-gmu0.6-c8-chain3-treewy"
+    assert one["repeats"] == 2 and one["runs_failed"] == 1 and one["output_throughput"] == 200.0
+    assert one["blocked_kv_peak"] == 0.97 and one["preemptions"] is None
+    assert one["output_throughput_spread"] == pytest.approx(1.0)
+    assert design_id("my-strategy-r2", 1) == "my-strategy-r2" and design_id("x-r3", 2) == "x-r3"
+
+
+def test_figures_keep_a_concurrency_and_a_rate_of_the_same_number_apart():
+    """Closed-loop concurrency 8 and an open 8 req/s are different loads: separate groups and panels."""
+    from reports import figures
+
+    def pt(kind, strategy, tput):
+        return {"point_id": f"{kind}-{strategy}", "workload": "w", "memory": "gmu0.9", "load": 8.0, "load_kind": kind,
+                "draft": "chain:3", "strategy": strategy, "series": strategy, "status": "ok",
+                "output_throughput": tput, "memory_bound": False}
+
+    result = {"engine": "sim", "baseline": "store_all", "points": [
+        pt("concurrency", "store_all", 100.0), pt("concurrency", "treewy", 200.0),
+        pt("poisson rate", "store_all", 100.0), pt("poisson rate", "treewy", 50.0)]}
+    groups = figures._groups(result)
+    assert len(groups) == 2 and all(len(by) == 2 for by in groups.values())
+    assert len(figures._panels(result)) == 2
+    ratios = sorted(by["treewy"]["output_throughput"] / by["store_all"]["output_throughput"] for by in groups.values())
+    assert ratios == [0.5, 2.0]          # merged under one key, one would have replaced the other

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ...telemetry import PERCENTILES
 from ..base import Point, PointResult, RequestRecord, register_engine
 from ..acceptance_rates import Acceptance, rates_for
 from .memory import build_pool
@@ -426,15 +427,11 @@ def _downsample(n: int, k: int, usage: np.ndarray) -> list[int]:
     return sorted(idx)
 
 
-#: the inter-token latency's percentiles a point records (the report's percentile choices among them)
-ITL_PERCENTILES = (50, 90, 95, 99)
-
-
 def _weighted_quantiles(d: np.ndarray, w: np.ndarray) -> dict[str, float | None]:
     """Step durations weighted by the requests in them: the inter-token (chunk) latency distribution."""
     if len(d) == 0 or w.sum() == 0:
-        return {"mean": None, **{f"p{p}": None for p in ITL_PERCENTILES}}
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     order = np.argsort(d)
     cw = np.cumsum(w[order]) / w.sum()
-    q = {f"p{p}": float(d[order][min(np.searchsorted(cw, p / 100), len(d) - 1)]) for p in ITL_PERCENTILES}
+    q = {f"p{p}": float(d[order][min(np.searchsorted(cw, p / 100), len(d) - 1)]) for p in PERCENTILES}
     return {"mean": float((d * w).sum() / w.sum()), **q}

@@ -35,6 +35,7 @@ import numpy as np
 
 from workloads import Arrival, Request
 
+from ...telemetry import PERCENTILES
 from ..base import Point, PointResult, register_engine
 from . import host_state, loadgen, scrape
 from .plugin import ENV_KERNELS, STRATEGIES, needs_piecewise
@@ -376,8 +377,8 @@ class VLLMEngine:
             "spec_state_bytes": None,
             # vllm bench serve's ITL: the gaps between streamed chunks (one chunk may carry several tokens under
             # speculative decoding), over every request's chunks
-            "itl_s": ({"mean": float(itl.mean()), **{f"p{p}": float(np.percentile(itl, p)) for p in (50, 90, 95, 99)}}
-                      if len(itl) else {"mean": None, **{f"p{p}": None for p in (50, 90, 95, 99)}}),
+            "itl_s": ({"mean": float(itl.mean()), **{f"p{p}": float(np.percentile(itl, p)) for p in PERCENTILES}}
+                      if len(itl) else {"mean": None, **{f"p{p}": None for p in PERCENTILES}}),
             "loadgen": res.check,
             "warmup": warm,
             # Triton kernels vLLM's JIT monitor saw compiled inside the measured run ({} = none): the warm-up
