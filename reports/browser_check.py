@@ -85,18 +85,23 @@ def _small(png: Path, width: int = 900) -> Path:
     return jpg
 
 
-def check(root: Path, out: Path | None = None, small: bool = False, dpi: int = 70) -> int:
-    """One report folder: 0 when the page loads clean with every part, 1 otherwise, 2 when it is missing."""
+def check(root: Path, out: Path | None = None, small: bool = False, dpi: int = 70,
+          found: dict[str, int] | None = None) -> int:
+    """One report folder: 0 when the page loads clean with every part, 1 otherwise, 2 when it is missing.
+    ``found``, where given, receives the count of each part the browser saw (:data:`PARTS`) and ``pages``."""
     html, pdf = root / "report.html", root / "report.pdf"
     for f in (html, pdf):
         if not f.is_file():
             print(f"{f}: missing; run `python -m harness report {root}` first", file=sys.stderr)
             return 2
     out = out or root / "render"
+    seen = found if found is not None else {}
     out.mkdir(parents=True, exist_ok=True)
     errors, found = check_html(html, out / "report-html.png")
+    seen.update(found)
     shot = _small(out / "report-html.png") if small else out / "report-html.png"
     pages = render_pdf(pdf, out, 60 if small else dpi)
+    seen["pages"] = len(pages)
     missing = [name for name in PARTS if not found.get(name)] + (["figures (broken images)"]
                                                                   if found["figures broken"] else [])
     print(f"{html}: {len(errors)} console errors; {', '.join(f'{v} {k}' for k, v in found.items())}; "

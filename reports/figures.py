@@ -168,6 +168,16 @@ def _load_axis(ax, loads) -> None:
     ax.minorticks_off()
 
 
+def _plain_log(axis, lim) -> None:
+    """A log axis labelled 0.5, 2, 10 rather than 6x10^0; within about a decade its minor ticks are labelled too
+    (the only labels there), over several not (they would crowd)."""
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    lo, hi = lim
+    axis.set_minor_formatter(plain if hi / max(lo, 1e-12) < 20 else matplotlib.ticker.NullFormatter())
+    axis.set_tick_params(which="minor", labelsize=6)
+
+
 def _finish(fig, title: str) -> None:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -192,12 +202,7 @@ def _metric_vs_load(result, value, ylabel: str, title: str, ylog: bool = False, 
         _load_axis(ax, [p["load"] for p in pts if _in(p, w, g, kind)])
         if ylog:
             ax.set_yscale("log")
-            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")   # 0.5, 2, 10 rather than 6x10^0
-            ax.yaxis.set_major_formatter(plain)
-            lo, hi = ax.get_ylim()
-            # within about a decade the minor ticks are the only labels; over several they would crowd
-            ax.yaxis.set_minor_formatter(plain if hi / max(lo, 1e-12) < 20 else matplotlib.ticker.NullFormatter())
-            ax.tick_params(axis="y", which="minor", labelsize=6)
+            _plain_log(ax.yaxis, ax.get_ylim())
         elif ylim:
             ax.set_ylim(*ylim)
         else:
@@ -495,6 +500,7 @@ def ttft_cdf(inp: Inputs) -> Drawn | None:
             ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), color=st["color"], ls=st["ls"], lw=1.4, label=s)
             p99[s] = float(np.percentile(ttft, 99))
     ax.set_xscale("log")
+    _plain_log(ax.xaxis, ax.get_xlim())
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
     ax.grid(alpha=0.3)

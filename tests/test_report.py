@@ -106,9 +106,16 @@ def test_every_committed_report_opens_clean_with_its_verdict_setup_and_figures(t
     assert len(reports) >= 8
     for folder in reports:
         name = str(folder.relative_to(ROOT)).replace("/", "_")
-        assert check(folder, tmp_path / name, dpi=30) == 0, folder       # 30 dpi: every page rendered, quickly
+        found: dict[str, int] = {}
+        assert check(folder, tmp_path / name, dpi=30, found=found) == 0, folder   # 30 dpi: every page, quickly
+        # every committed report compares two strategies or more: each view has something to draw, and each
+        # figure the page holds decoded in the browser
+        html = (folder / "report.html").read_text()
+        assert found["figures"] == html.count("<figure>") >= 14 and found["figures broken"] == 0, (folder, found)
+        assert found["verdict"] >= 1 and found["setup line"] == 1 and found["points table"] >= 2, (folder, found)
         pages = sorted((tmp_path / name).glob("report-pdf-*.png"))
-        assert len(pages) >= 5 and all(p.stat().st_size > 2_000 for p in pages), folder
+        assert len(pages) == found["pages"] >= 5 + found["figures"], folder      # a page per figure, and tables
+        assert all(p.stat().st_size > 2_000 for p in pages), folder
 
 
 def test_repeats_give_each_design_point_the_mean_of_its_runs_and_their_spread(tmp_path):
