@@ -69,6 +69,9 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
            "gpus": int((cfg.get("engine") or {}).get("tensor_parallel_size") or 1),   # GPUs of the point's engine
            "design_id": design_id(summary["point_id"], cfg.get("repeat"))}
     row.update(summary.get("metrics") or {})
+    # request-seconds queued for memory, one unit on both engines: the simulator's refusals for blocks; on vLLM the
+    # queue while seats were free (its gauges cannot tell blocks from the step's token budget)
+    row["queued_for_memory_s"] = row.get("wait_memory_s", row.get("wait_free_seats_s"))
     cover = graph_coverage(summary)
     row["decode_past_graphs"] = cover["decode_past_graphs"] if cover else None
     row["largest_graph"] = cover["largest_graph"] if cover else None

@@ -63,7 +63,8 @@ def columns(result: dict[str, Any], pct: Percentiles = Percentiles()) -> list[tu
                      ("ttft_p99_spread", "p99 TTFT spread %", "pct1")]
     cols += [("acceptance_length", "acc. len", "f2"), ("peak_kv_usage", "peak KV %", "pct"),
              ("preemptions", "preempt", "int"), ("max_running", "max running", "int"),
-             ("mean_running", "mean running", "f1"), ("waiting_for_memory_s", "waited, seats free s", "f1")]
+             ("mean_running", "mean running", "f1"),
+             ("queued_for_memory_s", "queued for memory, request-s", "f1")]
     if any(p.get("spec_state_bytes") for p in result["points"]):
         cols.append(("spec_state_bytes", "spec. state MiB", "mib"))
     return cols
@@ -324,7 +325,9 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 <h2>Latency definitions</h2><p class="note" id="latency-definitions">{e(LATENCY_NOTE)}</p>
 <h2>Figures</h2>{figs_html}
 <h2>Points</h2><p class="note">Click a column header to sort. The regime column is the point's group's (its baseline's
-pool), not the point's own. Every point is also in <a href="bench_serve.json">bench_serve.json</a> (vllm bench serve's
+pool), not the point's own. "Queued for memory" is request-seconds spent waiting while the pool held requests back
+(the simulator: refused for blocks; vLLM: waiting with seats free, which its gauges cannot split from the step's
+token budget). Every point is also in <a href="bench_serve.json">bench_serve.json</a> (vllm bench serve's
 field names) and <a href="points.csv">points.csv</a>; each point's requests are in its folder's requests.parquet.</p>
 <div class="scroll"><table id="points"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
 {f'<h2>Failed points</h2><ul>{fails}</ul>' if fails else ''}
@@ -522,7 +525,9 @@ def _points_tables(pages: _Pages, result: dict[str, Any], pct: Percentiles) -> N
         _table(pages, f"Points, columns {n} of {len(parts)} - engine: {result['engine']}", rows,
                [label for _, label, _ in use],
                note="The regime column is the point's group's (its baseline's pool). Latencies in the unit their "
-                    "header names. Every point is also in bench_serve.json and points.csv beside this report."
+                    "header names. Queued for memory: request-seconds waiting while the pool held requests back "
+                    "(simulator: refused for blocks; vLLM: seats free). Every point is also in bench_serve.json and "
+                    "points.csv beside this report."
                if n == 1 else None, rows_per_page=26, font=7.5)
 
 

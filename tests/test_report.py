@@ -63,6 +63,10 @@ def test_the_points_table_and_export_show_the_percentiles_chosen(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     html = (out / "report.html").read_text()
     assert "TTFT p90 ms" in html and "TTFT p99 ms" not in html and "ITL p90 ms" in html
+    # the queue for memory in one unit on both engines (request-seconds): the simulator's refusals for blocks
+    a = json.loads((out / "analysis.json").read_text())
+    assert all(p["queued_for_memory_s"] == p["wait_memory_s"] is not None for p in a["points"])
+    assert "queued for memory, request-s" in html
     bench = json.loads((out / "bench_serve.json").read_text())
     assert "p90_tpot_ms" in bench[0] and "p99_tpot_ms" not in bench[0]
     assert bench[0]["p90_ttft_ms"] >= bench[0]["median_ttft_ms"] > 0
