@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .metrics import _get     # a record as a dict or an object, as point_metrics reads it
+from .metrics import _get  # a record as a dict or an object, as point_metrics reads it
 
 
 @dataclass(frozen=True)

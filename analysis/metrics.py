@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from harness.telemetry import PERCENTILES   # the percentiles every point records (one definition)
+from harness.telemetry import PERCENTILES  # the percentiles every point records (one definition)
 
 
 def _get(r, key):
@@ -89,8 +89,6 @@ def _schedule(check: Mapping[str, Any] | None) -> dict[str, Any]:
     check = check if isinstance(check, Mapping) else {}
     return {"on_schedule": check.get("on_schedule"), "schedule_lag_p99_s": check.get("lag_p99_s"),
             "rate_error": check.get("rate_error")}
-
-
 
 
 def _dist(name: str, x: np.ndarray) -> dict[str, float | None]:

@@ -52,13 +52,13 @@ def collapse(rows: list[dict[str, Any]], failed: list[dict[str, Any]] = ()) -> l
                 vals = [r.get(k) for r in runs if number(r.get(k))]
                 if vals:
                     row[k] = float(max(vals))
-            for k, v in runs[0].items():
+            for k in runs[0]:
                 vals = [r.get(k) for r in runs]
                 if k == "repeat" or k in STRONGEST or not all(number(x) for x in vals):
                     continue
                 row[k] = float(np.mean(vals))
             for k in SPREAD:
-                vals = [r.get(k) for r in runs if isinstance(r.get(k), (int, float))]
+                vals = [r.get(k) for r in runs if number(r.get(k))]
                 if len(vals) == len(runs) and np.mean(vals):
                     row[f"{k}_min"], row[f"{k}_max"] = float(min(vals)), float(max(vals))
                     row[f"{k}_spread"] = float((max(vals) - min(vals)) / np.mean(vals))

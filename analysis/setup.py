@@ -126,9 +126,7 @@ def setup(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}            # no point to read a setup from (all damaged, or none run yet)
     out = {"engine": _join(engines), **{k: _join(facts.get(k, [])) for k in ("gpu", "weights", "graphs")},
            **({"calibration": _join(facts["calibration"])} if facts.get("calibration") else {})}
-    if facts.get("acceptance"):
-        out["acceptance"] = _join(facts["acceptance"])
-    out["acceptance"] = out.get("acceptance", "none (no speculation)")
+    out["acceptance"] = _join(facts["acceptance"]) if facts.get("acceptance") else "none (no speculation)"
     out["gdn"] = _by_value(gdn) if gdn else "none (no speculation)"
     out["tokenizer"] = _by_value(tokenizer)
     return out

@@ -47,6 +47,11 @@ def memory_order(memory: str) -> tuple:
     return ("kv", float(memory[2:-3])) if memory.startswith("kv") else ("gmu", float(memory[3:]))
 
 
+def load_text(kind: str, value: float) -> str:
+    """A load as the summary, captions and tables say it: ``c128`` for a concurrency, ``4 req/s`` for a rate."""
+    return f"c{value:g}" if kind == "concurrency" else f"{value:g} req/s"
+
+
 def memory_title(memory: str) -> str:
     """A memory budget as a figure or table says it: ``gmu 0.9``, ``KV pool 32 MiB``."""
     return f"KV pool {memory[2:-3]} MiB" if memory.startswith("kv") else f"gmu {memory[3:]}"
@@ -195,9 +200,9 @@ def slo_lines(result: dict[str, Any]) -> list[str]:
     for c in slo["max_load"]:
         where = f"{c['workload']} {memory_title(c['memory'])} {c['draft']} {c['series']}"
         m = c["max"]
-        unit = (lambda v: f"c{v:g}") if c["load_kind"] == "concurrency" else (lambda v: f"{v:g} req/s")
-        out.append(f"{where}: " + (f"up to {unit(m['load'])} ({m['good_fraction']:.0%} good, goodput "
-                                   f"{m['goodput']:.2f} req/s)" if m else f"no load of {c['loads']} meets them"))
+        met = (f"up to {load_text(c['load_kind'], m['load'])} ({m['good_fraction']:.0%} good, goodput "
+               f"{m['goodput']:.2f} req/s)") if m else f"no load of {c['loads']} meets them"
+        out.append(f"{where}: {met}")
     return out
 
 
@@ -394,11 +399,24 @@ VERDICT_METRICS = (("throughput", "output throughput"), ("p99_ttft", "p99 TTFT")
 EQUAL_WITHIN = 0.02
 
 
+def interval_word(g: dict | None) -> str | None:
+    """What a ratio's 95% interval says (regimes.geomean's dict, > 1 better): 'equal within 2%' (inside
+    [0.98, 1.02]), 'better' / 'worse' (clear of 1), 'indistinguishable' (it spans 1), 'too few' (no interval);
+    None without a ratio. The verdict lines and the report's cell colours both read it."""
+    if not g or g.get("geomean") is None:
+        return None
+    if g.get("lo") is None:
+        return "too few"
+    if g["lo"] >= 1 - EQUAL_WITHIN and g["hi"] <= 1 + EQUAL_WITHIN:
+        return "equal within 2%"
+    return "better" if g["lo"] > 1 else "worse" if g["hi"] < 1 else "indistinguishable"
+
+
 def verdict_lines(result: dict[str, Any]) -> list[str]:
     """One sentence per strategy and regime that a reader can quote: per headline metric, equal within 2% (the 95%
     interval inside [0.98, 1.02]), better (clear of 1 on the good side), worse (clear on the other),
-    indistinguishable (it spans 1), or too few groups for an interval; the interval is a bootstrap over the (workload, memory budget, load, draft) groups, not over
-    repeated runs."""
+    indistinguishable (it spans 1), or too few groups for an interval (:func:`interval_word`); the interval is a
+    bootstrap over the (workload, memory budget, load, draft) groups, not over repeated runs."""
     base, out = result["baseline"], []
     for s, regimes in result["ratios"].items():
         for regime, row in regimes.items():
@@ -415,14 +433,12 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
                     amount = f"{x:.2f}x {base}'s"
                 else:
                     amount = f"{1 / x:.2f}x higher" if flip else f"{x:.2f}x lower"
-                if g.get("lo") is None:
+                word = interval_word(g)
+                if word == "too few":
                     parts.append(f"{what} {amount} on {g['n']} group{'s' * (g['n'] != 1)} (too few for an interval)")
                     continue
                 lo, hi = (1 / g["hi"], 1 / g["lo"]) if flip else (g["lo"], g["hi"])
-                ci = f"[{lo:.2f}, {hi:.2f}] over {g['n']} groups"
-                word = ("equal within 2%" if g["lo"] >= 1 - EQUAL_WITHIN and g["hi"] <= 1 + EQUAL_WITHIN
-                        else "better" if g["lo"] > 1 else "worse" if g["hi"] < 1 else "indistinguishable")
-                parts.append(f"{what} {word}: {amount} {ci}")
+                parts.append(f"{what} {word}: {amount} [{lo:.2f}, {hi:.2f}] over {g['n']} groups")
             if parts:
                 out.append(f"{s} vs {base}, {regime}: " + "; ".join(parts))
     return out

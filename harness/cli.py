@@ -7,8 +7,8 @@ Only commands that exist are listed.
 
 from __future__ import annotations
 
-import os
 import argparse
+import os
 import sys
 from typing import Callable
 

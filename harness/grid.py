@@ -6,7 +6,6 @@ settings. Only configs: running them is harness.sweep's job (and harness.point's
 from __future__ import annotations
 
 import itertools
-
 from pathlib import Path
 from typing import Any, Sequence
 

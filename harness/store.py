@@ -164,12 +164,8 @@ class Store:
         return {**summary, "metrics": dict(self._metrics[key])}
 
     def summary(self, point_id: str) -> dict[str, Any]:
-        """A point's stored summary.json as written (telemetry included); {} where there is none."""
-        path = self.points / point_id / "summary.json"
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
+        """A point's stored summary.json as written (telemetry included); {} where there is none or it is damaged."""
+        return _read_point(self.points / point_id)[0] or {}
 
     def requests(self, point_id: str) -> list[dict[str, Any]]:
         path = self.points / point_id / "requests.parquet"

@@ -56,7 +56,8 @@ def check_html(html: Path, png: Path) -> tuple[list[str], dict[str, int]]:
         driver.save_screenshot(str(png))
         found = {name: len(driver.find_elements(By.CSS_SELECTOR, sel)) for name, sel in PARTS.items()}
         found["figures broken"] = int(driver.execute_script(
-            "return Array.from(document.querySelectorAll('figure img')).filter(i => !(i.complete && i.naturalWidth > 0)).length"))
+            "return Array.from(document.querySelectorAll('figure img'))"
+            ".filter(i => !(i.complete && i.naturalWidth > 0)).length"))
         found["figures"] -= found["figures broken"]
         return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"], found
     finally:

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from analysis.metrics import METRICS, Percentiles
-from analysis.sweep import fmt_ratio, memory_order
+from analysis.sweep import fmt_ratio, interval_word, memory_order
 from harness.store import atomic_file, atomic_write
 
 from . import figures
+
 
 def _fmt(kind: str, v) -> str:
     if v is None or (isinstance(v, float) and v != v):
@@ -78,27 +79,8 @@ LATENCY_NOTE = ("Latencies as vllm bench serve defines them: TTFT = first stream
                 "between consecutive streamed chunks over every request's chunks (under speculative decoding one chunk "
                 "can carry several accepted tokens, so ITL is one engine step, not one token); E2E = last token - "
                 "request sent. Percentiles are over the requests of one run: with N requests, p99 is about the "
-                "N/100-th worst one (with repeats=N, a point shows the mean over its runs of each run's percentile). Goodput: requests per second meeting every SLO, over the run's duration.")
-
-
-def paper_figures() -> list[str]:
-    """The TreeWY paper's treewy-vs-store_all figures, one line per scale, from ``conf/scale/*.yaml`` (``paper``:
-    the one place they are written; ``bench sim`` prints them beside its own)."""
-    from omegaconf import OmegaConf
-
-    from harness.config import conf_dir
-
-    lines = []
-    for path in sorted((conf_dir() / "scale").glob("*.yaml")):
-        p = OmegaConf.load(path).get("paper")
-        if p is None:
-            continue
-        parts = [f"{p.memory_bound} points memory-bound", f"treewy {p.throughput}x throughput",
-                 f"{p.p99_ttft}x lower p99 TTFT"]
-        parts += [f"{p.mean_e2e}x lower mean E2E"] if p.get("mean_e2e") else []
-        parts += [f"TPOT {p.tpot}x"] if p.get("tpot") else []
-        lines.append(f"{p.label}: " + ", ".join(parts))
-    return lines
+                "N/100-th worst one (with repeats=N, a point shows the mean over its runs of each run's "
+                "percentile). Goodput: requests per second meeting every SLO, over the run's duration.")
 
 
 def published_rows() -> list[dict[str, Any]]:
@@ -206,18 +188,15 @@ RATIO_HEAD = ["strategy", "regime", "groups", "throughput (x)", "p99 TTFT (x low
               "TPOT (x lower)"]
 
 
-def direction(g: dict | None) -> str:
-    """A ratio cell's class: better / worse (the 95% interval clear of 1), same (it spans 1, or lies within 2% of
-    it), few (no interval)."""
-    if not g or g.get("geomean") is None:
-        return "none"
-    if g.get("lo") is None:
-        return "few"
-    from analysis.sweep import EQUAL_WITHIN
+#: a ratio cell's class by what its interval says (analysis.sweep.interval_word): grey where it spans 1 or lies
+#: within 2% of it, no colour where there is no interval or no ratio
+DIRECTION = {"better": "better", "worse": "worse", "indistinguishable": "same", "equal within 2%": "same",
+             "too few": "few", None: "none"}
 
-    if g["lo"] >= 1 - EQUAL_WITHIN and g["hi"] <= 1 + EQUAL_WITHIN:
-        return "same"                     # equal within 2%: no win or loss a reader would act on
-    return "better" if g["lo"] > 1 else "worse" if g["hi"] < 1 else "same"
+
+def direction(g: dict | None) -> str:
+    """A ratio cell's class: better / worse (the 95% interval clear of 1), same, few (no interval), none."""
+    return DIRECTION[interval_word(g)]
 
 
 def ratio_table(result: dict[str, Any], key: str = "ratios", published: bool = True
@@ -240,18 +219,14 @@ def ratio_table(result: dict[str, Any], key: str = "ratios", published: bool = T
     return rows
 
 
-def ratio_rows(result: dict[str, Any], key: str = "ratios") -> list[list[str]]:
-    """The ratio table's text (no published rows): for the console-like views and tests."""
-    return [[t for t, _ in r] for r in ratio_table(result, key, published=False)]
-
-
 CELL_COLORS = {"better": "#d4efd4", "worse": "#f6d2d2", "same": "#e4e4e4", "few": "#ffffff", "none": "#ffffff",
                "published": "#eef3fb", "": "#ffffff"}
 RATIO_NOTE = ("Geometric means over (workload, memory budget, load, draft) groups with bootstrap 95% intervals over "
               "those groups, which are design points, not repeated runs (none below 5 groups: n= instead); latencies "
               "as 'x lower' (baseline / strategy), so above 1 is better throughout. Green: better (the interval clear "
-              "of 1); red: worse; grey: indistinguishable (the interval spans 1) or equal within 2% (inside [0.98, 1.02]); white: too few groups. Blue rows: "
-              "published figures (other hardware and models), for scale, not comparison.")
+              "of 1); red: worse; grey: indistinguishable (the interval spans 1) or equal within 2% (inside "
+              "[0.98, 1.02]); white: too few groups. Blue rows: published figures (other hardware and models), for "
+              "scale, not comparison.")
 
 
 # -- HTML -------------------------------------------------------------------------------
@@ -260,13 +235,6 @@ def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=85)     # enough for a 1250 px page; committed reports stay small
     return base64.b64encode(buf.getvalue()).decode()
-
-
-def _ratio_html(rows: list[list[tuple[str, str]]]) -> str:
-    e = html.escape
-    body = "".join("<tr>" + "".join(f'<td class="{c}">{e(t)}</td>' for t, c in r) + "</tr>" for r in rows)
-    return (f"<table class=\"ratios\"><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in RATIO_HEAD)}</tr></thead>"
-            f"<tbody>{body}</tbody></table>")
 
 
 def render_html(result: dict[str, Any], figs, prov: dict[str, Any], pct: Percentiles | None = None) -> str:
@@ -303,7 +271,8 @@ th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
 th {{ background: #f3f3f3; cursor: pointer; position: sticky; top: 0; }}
 td:first-child, th:first-child {{ text-align: left; }}
 td.better {{ background: {CELL_COLORS['better']}; }} td.worse {{ background: {CELL_COLORS['worse']}; }}
-td.same {{ background: {CELL_COLORS['same']}; }} td.published {{ background: {CELL_COLORS['published']}; font-style: italic; }}
+td.same {{ background: {CELL_COLORS['same']}; }}
+td.published {{ background: {CELL_COLORS['published']}; font-style: italic; }}
 figure {{ display: inline-block; margin: 0.5em; max-width: 100%; }} img {{ max-width: 100%; }}
 figcaption {{ font-size: 13px; max-width: 1100px; }}
 .scroll {{ max-height: 600px; overflow: auto; }}
@@ -318,7 +287,7 @@ pre {{ background: #f7f7f7; padding: 0.5em; font-size: 11px; overflow: auto; }}
 <ul>{''.join(f'<li>{e(x)}</li>' for x in others)}</ul>
 <h2>Ratios to {e(result['baseline'])}, split by regime</h2>
 <p class="note">{e(RATIO_NOTE)}</p>
-{_ratio_html(ratio_table(result))}
+{_cells_html(RATIO_HEAD, ratio_table(result))}
 {_no_spec_html(result)}
 {_anchor_html(result)}
 {_side_html(result)}
@@ -413,12 +382,18 @@ def _side_html(result: dict[str, Any]) -> str:
             + _html_table(SIDE_HEAD, rows))
 
 
-def _html_table(head: list[str], rows: list[list[str]]) -> str:
-    """A plain table of escaped cells (the HTML twin of the PDF's :func:`_table`)."""
+def _cells_html(head: list[str], rows: list[list[tuple[str, str]]]) -> str:
+    """A table of escaped (text, class) cells (the HTML twin of the PDF's :func:`_table`)."""
     e = html.escape
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f'<td class="{c}">{e(t)}</td>' if c else f"<td>{e(t)}</td>" for t, c in r)
+                   + "</tr>" for r in rows)
     return (f"<table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in head)}</tr></thead><tbody>{body}"
             "</tbody></table>")
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    """A plain table of escaped cells."""
+    return _cells_html(head, [[(c, "") for c in r] for r in rows])
 
 
 def _no_spec_html(result: dict[str, Any]) -> str:
@@ -427,7 +402,7 @@ def _no_spec_html(result: dict[str, Any]) -> str:
         return ""
     return ("<h2>Ratios to speculation off</h2><p class=\"note\">Each strategy under speculation, store_all included, "
             "against the same (workload, memory budget, load) with speculation off (draft=none), split by the "
-            "speculative group's regime: whether to speculate at all.</p>" + _ratio_html(rows))
+            "speculative group's regime: whether to speculate at all.</p>" + _cells_html(RATIO_HEAD, rows))
 
 
 PAGE = (11.69, 8.27)      # A4 landscape, every page

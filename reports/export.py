@@ -18,6 +18,7 @@ from typing import Any
 
 from analysis.metrics import METRICS
 from harness.store import atomic_write
+
 AXES = ("point_id", "workload", "memory", "gmu", "load_kind", "load", "draft", "strategy", "series", "engine",
         "status", "memory_bound")
 

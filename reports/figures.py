@@ -22,7 +22,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from analysis.sweep import memory_order, memory_title  # noqa: E402
+from analysis.sweep import load_text, memory_order, memory_title  # noqa: E402
 
 #: each series' colour, marker and line style: strategies that draw on top of each other stay apart
 STYLES = {"no_spec": ("#9e9e9e", "x", "-."), "store_all": ("#222222", "D", "-"), "replay": ("#1f77b4", "o", "-"),
@@ -107,10 +107,6 @@ def _ok(result):
     return [p for p in result["points"] if p["status"] == "ok"]
 
 
-def _engine(result) -> str:
-    return f"engine: {result['engine']}"
-
-
 def _strategies(result) -> list[str]:
     order = list(STYLES)
     names = {_series(p) for p in _ok(result)}
@@ -154,7 +150,8 @@ def _load_name(pts) -> str:
 
 
 def _load_unit(pts) -> Callable[[float], str]:
-    return (lambda v: f"c{v:g}") if _load_name(pts) == "concurrency" else (lambda v: f"{v:g} req/s")
+    kind = _load_name(pts)
+    return lambda v: load_text(kind, v)
 
 
 def _load_axis(ax, loads) -> None:
@@ -253,8 +250,7 @@ def _largest_gap(result, metric: str, higher: bool) -> tuple[tuple, str, float] 
 def _where(key, pts) -> str:
     """A group or point as a caption says it: workload, memory budget, load (c128, or 4 req/s)."""
     kind = key[4] if len(key) > 4 else _load_name(pts)
-    unit = (lambda v: f"c{v:g}") if kind == "concurrency" else (lambda v: f"{v:g} req/s")
-    return f"{key[0]}, {memory_title(key[1])}, {unit(key[2])}"
+    return f"{key[0]}, {memory_title(key[1])}, {load_text(kind, key[2])}"
 
 
 def _gap_caption(result, metric: str, higher: bool, what: str, fmt: Callable[[float], str]) -> str:
@@ -448,7 +444,8 @@ def ratio_heatmap(inp: Inputs) -> Drawn | None:
         im = ax.imshow(np.log2(m), cmap="RdBu", norm=norm, aspect="auto")
         kinds = {x[3] for x in rows}
         ax.set_xticks(range(len(loads)), [f"{v:g}" if len(kinds) > 1 else unit(v) for v in loads], fontsize=7)
-        ax.set_yticks(range(len(rows)), [f"{w}, {memory_title(g)}" + ("" if len({x[2] for x in rows}) == 1 else f", {d}")
+        drafts = {x[2] for x in rows}
+        ax.set_yticks(range(len(rows)), [f"{w}, {memory_title(g)}" + ("" if len(drafts) == 1 else f", {d}")
                                          + ("" if len(kinds) == 1 else f", {kind}") for w, g, d, kind in rows],
                       fontsize=7)
         ax.set_title(f"{s} / {base}, output throughput", fontsize=9)
@@ -458,8 +455,9 @@ def ratio_heatmap(inp: Inputs) -> Drawn | None:
         cb.set_ticks(ticks, labels=[f"{2 ** t:.2g}x" for t in ticks])
     fig.suptitle(f"Throughput ratio to {base} (blue: better; outlined: memory-bound group; hatched: unknown)",
                  fontsize=10)
+    tput = lambda pair, s: (pair.get(s) or {}).get("output_throughput")
     cells = [(a / b, s, key) for key, pair in by.items() for s in others
-             if (a := (pair.get(s) or {}).get("output_throughput")) and (b := (pair.get(base) or {}).get("output_throughput"))]
+             if (a := tput(pair, s)) and (b := tput(pair, base))]
     cap = ""
     if len(cells) == 1:
         cap = f"One cell: {cells[0][1]} {cells[0][0]:.2f}x at {_where(cells[0][2], _ok(r))}."
@@ -553,7 +551,8 @@ def timelines(inp: Inputs) -> Drawn | None:
             h1, l1 = ax.get_legend_handles_labels()
             h2, l2 = ax2.get_legend_handles_labels()
             ax.legend(h1 + h2, l1 + l2, fontsize=6.5, loc="upper right")
-    _finish(fig, f"Running, waiting (left) and KV-pool usage (right, dotted) over the run at {_where(key, _ok(result))}")
+    _finish(fig, "Running, waiting (left) and KV-pool usage (right, dotted) over the run at "
+                 f"{_where(key, _ok(result))}")
     cap = "The queue and the pool together show where memory bound the batch."
     if lacking:
         cap += f" {', '.join(lacking)}: recorded before running/waiting were kept per sample (KV usage only)."

@@ -17,9 +17,9 @@ from harness.store import atomic_write
 from .build import _png
 from .figures import COLORS, _style, plt
 
-OVER_COPY = ("Above 100%: the op moved its bytes faster than the copy measured in the same run (a read + write stream); "
-             "a kernel that mostly writes, or whose reads hit L2, can. The fraction is against that copy, not "
-             "against the datasheet.")
+OVER_COPY = ("Above 100%: the op moved its bytes faster than the copy measured in the same run (a read + write "
+             "stream); a kernel that mostly writes, or whose reads hit L2, can. The fraction is against that copy, "
+             "not against the datasheet.")
 
 
 def _ticks(ax, values) -> None:

@@ -158,7 +158,8 @@ def test_a_later_folder_s_strategy_is_renamed_whole_even_where_only_one_point_co
 
     b = tmp_path / "fused"
     shutil.copytree(FUSED, b)
-    shutil.copytree(b / "points" / "sharegpt-gmu0.6-c64-chain3-treewy", b / "points" / "sharegpt-gmu0.6-c32-chain3-treewy")
+    pts = b / "points"
+    shutil.copytree(pts / "sharegpt-gmu0.6-c64-chain3-treewy", pts / "sharegpt-gmu0.6-c32-chain3-treewy")
     s = json.loads((b / "points" / "sharegpt-gmu0.6-c32-chain3-treewy" / "summary.json").read_text())
     s["point_id"], s["config"]["load"]["concurrency"] = "sharegpt-gmu0.6-c32-chain3-treewy", 32   # A has no c32
     (b / "points" / "sharegpt-gmu0.6-c32-chain3-treewy" / "summary.json").write_text(json.dumps(s))
@@ -178,7 +179,8 @@ def test_repeats_collapse_keeps_the_strongest_evidence_and_a_finished_run_s_id()
     def row(rep, tput, blocked, status="ok"):
         pid = "w-gmu0.6-c8-chain3-treewy" + (f"-r{rep}" if rep > 1 else "")
         return {"point_id": pid, "design_id": design_id(pid, rep), "repeat": rep, "status": status,
-                "output_throughput": tput, "blocked_kv_peak": blocked, "preemptions": None, "memory_evidence": "metrics"}
+                "output_throughput": tput, "blocked_kv_peak": blocked, "preemptions": None,
+                "memory_evidence": "metrics"}
 
     failed = [row(1, None, None, "failed")]
     (one,) = collapse([row(2, 100.0, None), row(3, 300.0, 0.97)], failed)
