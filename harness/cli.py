@@ -41,6 +41,13 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
     (("check-acceptance",), "check_acceptance",
      "the acceptance-length gate: every strategy reproduces the reference's decoding (exit status = verdict)",
      "harness.acceptance.cli:run", ()),
+    (("acceptance", "train"), "acceptance_train",
+     "train the small Qwen3-Next whose MTP head drafts (2 CPU cores, ~10 min) into a Hugging Face model dir",
+     "harness.acceptance.cli:train", ()),
+    (("acceptance", "vllm"), "acceptance_vllm",
+     "the acceptance gate inside vLLM on the trained model: every strategy against store_all, speculation off "
+     "and the torch reference (exit status = verdict)",
+     "harness.acceptance.cli:vllm_gate", ()),
     (("memory",), "memory",
      "speculative GDN state per request for each strategy and draft shape (model=..., drafts=...)",
      "harness.memory_table:run", ()),

@@ -1,4 +1,5 @@
-"""``python -m harness check-acceptance``: run the gate, print its table, exit with its verdict."""
+"""``python -m harness check-acceptance`` (the toy model's gate), ``acceptance train`` (the trained Qwen3-Next) and
+``acceptance vllm`` (the gate inside vLLM): run, print a table, exit with the verdict."""
 
 from __future__ import annotations
 
@@ -72,3 +73,63 @@ def _tree_sweep(c) -> dict[str, float]:
             "config": {k: c[k] for k in ("model", "drafter_noise", "prompts", "max_new_tokens")},
             "provenance": provenance()}, indent=1))
     return out
+
+
+def train(cfg: DictConfig) -> int:
+    from ..console import console as make_console
+    from .train import run_training
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    console = make_console()
+    console.print(f"[bold]acceptance train[/]: seed {c['seed']}, {c['threads']} threads -> {c['out']}")
+    res = run_training(c, progress=lambda msg: console.print(f"  {msg}", highlight=False))
+    e = res["evaluation"]
+    said = (f"; reference acceptance length {e['mean_acceptance_length']:.3f} at k={e['num_spec']}" if e else "")
+    console.print(f"wrote {c['out']} ({res['parameters'] / 1e6:.2f} M parameters, "
+                  f"{res['weights_bytes'] / 1e6:.1f} MB, sha256 {res['weights_sha256'][:16]}) in "
+                  f"{res['train_seconds']:.0f} s{said}")
+    return 0
+
+
+def vllm_gate(cfg: DictConfig) -> int:
+    import tempfile
+
+    from ..console import console as make_console, table as make_table
+    from .vllm_gate import run_gate
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    console = make_console()
+    train_json = Path(c["model_dir"]).parent / "train.json"
+    if c.get("weights_sha256") == "auto":            # the hash train.json recorded beside the weights
+        if not train_json.is_file():
+            raise FileNotFoundError(f"model_dir={c['model_dir']}: no train.json beside it to read the weights' "
+                                    "SHA-256 from; give weights_sha256=HASH, or null to gate any weights")
+        c["weights_sha256"] = json.loads(train_json.read_text())["weights_sha256"]
+    out = Path(c["out"]) if c.get("out") else Path(tempfile.mkdtemp(prefix="acceptance-vllm-"))
+    console.print(f"[bold]acceptance vllm[/]: {c['model_dir']} (real weights, real MTP drafts), "
+                  f"strategies {', '.join(c['strategy'])}; runs in {out}")
+    res = run_gate(c, out, progress=lambda msg: console.print(f"  {msg}", highlight=False),
+                   reference=bool(c.get("reference", True)))
+    t = make_table("acceptance inside vLLM", ["strategy", "against", "length", "its length", "agree*",
+                                              "diverged", "logit drift**", "verdict"], left=2)
+    for r in res.rows:
+        t.add_row(r.name, r.against, f"{r.length:.3f}", f"{r.ref_length:.3f}", f"{r.agree:.1%}",
+                  str(r.divergences), "-" if r.logit_drift is None else f"{r.logit_drift:g} ulps",
+                  r.verdict if r.verdict != "FAIL" else f"[red]FAIL[/]: {r.detail}")
+    console.print(t)
+    console.print("* tokens before each request's first divergence, of all tokens; ** the largest difference of "
+                  "the chosen token's raw bf16 logit before it (vLLM runs only)")
+    for n in res.near_ties:
+        console.print(f"near tie (listed, not failed): {n}")
+    for f in res.failures:
+        console.print(f"[red]FAIL[/] {f}")
+    summary = {"passed": res.passed, "seconds": round(res.seconds, 1), "config": c,
+               "rows": [r.__dict__ for r in res.rows], "failures": res.failures, "near_ties": res.near_ties,
+               "runs": {n: {"acceptance_length": r.acceptance_length, "accepted_per_step": r.accepted,
+                            "tokens": r.tokens, "provenance": r.result.get("provenance"),
+                            "gdn_path": r.result.get("plugin", {}).get("gdn_path"),
+                            "spec_decode": r.result.get("spec_decode")} for n, r in res.runs.items()}}
+    (out / "gate.json").write_text(json.dumps(summary, indent=1))
+    console.print(f"{'PASS' if res.passed else 'FAIL'}: {len(res.runs)} engine runs in {res.seconds:.0f} s "
+                  f"({out / 'gate.json'})")
+    return 0 if res.passed else 1

@@ -30,7 +30,8 @@ from math import ceil
 from pathlib import Path
 from typing import Any
 
-from .plugin import ENV_BUFFER_LEN, ENV_KERNELS, ENV_PROBE, ENV_SHADOW, ENV_STRATEGY, STRATEGIES, needs_piecewise
+from .plugin import (ENV_BUFFER_LEN, ENV_FAULT, ENV_KERNELS, ENV_PROBE, ENV_SHADOW, ENV_STRATEGY, STRATEGIES,
+                     needs_piecewise)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,11 +57,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=0, help="requests generated (and not timed) first, e.g. one "
                    "batch's worth, so Triton's JIT and the first shapes stay out of the timing")
     p.add_argument("--logprobs", type=int, default=0, help="top logprobs per output token (near-tie checks)")
+    p.add_argument("--logprobs-mode", default=None, help="vLLM's logprobs_mode, e.g. raw_logits: the target's own "
+                   "logits (in the model dtype), so a near tie can be measured in units in the last place")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-ids", default=None, help="a JSON file of token-id prompts (a list of lists) to run "
+                   "instead of --prompts random ones of --prompt-len")
     p.add_argument("--tokens", action="store_true", help="include every request's output token ids")
     p.add_argument("--probe-dir", default=None, help="record committed GDN states per step (plugin probe)")
     p.add_argument("--shadow", default="", help="with store_all and --probe-dir: strategies to run beside "
                    "vLLM's kernel on the same inputs, e.g. treewy,replay,treewy_deferred")
+    p.add_argument("--fault", default="", help="a deliberate commit mistake (harness/engines/vllm/faults.py): "
+                   "the in-engine acceptance gate's mutation tests only")
     p.add_argument("--skip-generate", action="store_true", help="start, report the KV plan, stop")
     p.add_argument("--profile-dir", default=None,
                    help="torch-profile engine steps of the timed run into DIR (traces and vLLM's table of self time "
@@ -99,6 +106,8 @@ def engine_kwargs(args: argparse.Namespace, architecture: str, on_cpu: bool) -> 
     )
     if args.max_num_batched_tokens:
         kw["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.logprobs_mode:
+        kw["logprobs_mode"] = args.logprobs_mode
     if args.gmu is not None:
         kw["gpu_memory_utilization"] = args.gmu
     if args.kv_cache_bytes is not None:
@@ -217,6 +226,43 @@ class SchedulerSampler:
                 "peak_kv_usage": max(s[3] for s in self.samples), "preemptions": self.preemptions}
 
 
+class AcceptanceRecorder:
+    """Wraps the in-process scheduler's ``update_from_output``: the drafts each request's verify steps accepted,
+    in step order, as the scheduler counts them (accepted = tokens sampled - 1 on a step that verified drafts;
+    vLLM 0.26 and 0.32 alike)."""
+
+    def __init__(self, llm):
+        sched = llm.llm_engine.engine_core.engine_core.scheduler
+        self.accepted: dict[str, list[int]] = {}
+        self.drafted: dict[str, list[int]] = {}
+        update = sched.update_from_output
+
+        def recorded(scheduler_output, model_runner_output, *a, **kw):
+            spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+            sampled = getattr(model_runner_output, "sampled_token_ids", None)
+            index = getattr(model_runner_output, "req_id_to_index", None) or {}
+            if spec and sampled is not None:
+                for req_id, drafts in spec.items():
+                    if drafts and req_id in index:
+                        got = len(sampled[index[req_id]])
+                        if got:
+                            self.accepted.setdefault(req_id, []).append(got - 1)
+                            self.drafted.setdefault(req_id, []).append(len(drafts))
+            return update(scheduler_output, model_runner_output, *a, **kw)
+
+        sched.update_from_output = recorded
+
+    @staticmethod
+    def of(table: dict[str, list[int]], request_id: str) -> list[int]:
+        """A request's list: the scheduler may know it under the output's id plus a suffix (``0-1a2b``)."""
+        if request_id in table:
+            return table[request_id]
+        hits = [v for k, v in table.items() if k.startswith(request_id + "-")]
+        if len(hits) > 1:
+            raise RuntimeError(f"request {request_id}: {len(hits)} scheduler requests match it")
+        return hits[0] if hits else []
+
+
 def spec_counters(llm) -> dict[str, Any]:
     """vLLM's spec-decode counters; acceptance length = 1 + accepted / drafts (as vllm bench serve)."""
     out: dict[str, Any] = {}
@@ -242,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         args.buffer_len = options().get(args.strategy, {}).get("buffer_len")
     if args.buffer_len is not None:
         os.environ[ENV_BUFFER_LEN] = str(args.buffer_len)
+    if args.fault:
+        os.environ[ENV_FAULT] = args.fault
     if args.probe_dir:
         os.environ[ENV_PROBE] = args.probe_dir
     if args.shadow:
@@ -270,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "weights": args.load_format,
         "acceptance": ("synthetic" if args.rates else "model") if args.num_spec else "none",
         "strategy": args.strategy, "buffer_len": args.buffer_len, "num_spec": args.num_spec,
+        "fault": args.fault or None,
         "acceptance_rates": args.rates, "architecture": architecture,
         "engine_kwargs": {k: v for k, v in kwargs.items() if k != "model"},
         "model_dir": str(args.model_dir),
@@ -288,13 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_generate:
         rng = random.Random(args.seed)
         vocab = (config.get("text_config") or config)["vocab_size"]
-        prompts = [{"prompt_token_ids": [rng.randrange(10, vocab - 10) for _ in range(args.prompt_len)]}
-                   for _ in range(args.prompts)]
+        if args.prompt_ids:
+            prompts = [{"prompt_token_ids": [int(t) for t in ids]}
+                       for ids in json.loads(Path(args.prompt_ids).read_text())]
+        else:
+            prompts = [{"prompt_token_ids": [rng.randrange(10, vocab - 10) for _ in range(args.prompt_len)]}
+                       for _ in range(args.prompts)]
         params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
                                 logprobs=args.logprobs or None)
         if args.warmup:
             llm.generate(prompts[:args.warmup], params, use_tqdm=False)
         sampler = SchedulerSampler(llm)
+        recorder = AcceptanceRecorder(llm) if args.num_spec and args.tokens else None
         jit = JitCounter()
         logging.getLogger("vllm.utils.jit_monitor").addHandler(jit.start())
         if args.profile_dir:
@@ -315,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update({
             "elapsed_s": elapsed, "requests": len(outs), "output_tokens": n_out,
             "output_throughput_tok_s": n_out / elapsed,
-            "total_throughput_tok_s": (n_out + args.prompts * args.prompt_len) / elapsed,
+            "total_throughput_tok_s": (n_out + sum(len(p["prompt_token_ids"]) for p in prompts)) / elapsed,
             "scheduler": sampler.summary(), "spec_decode": spec_counters(llm),
             # Triton compiles inside the timed run ({} = none): their seconds are in elapsed_s. None when the
             # engine core runs in a child process, whose log records this process never sees.
@@ -330,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.tokens:
             result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
             result["request_ids"] = [o.request_id for o in outs]      # prompt order, as the engine names them
+            if recorder is not None:                                  # drafts accepted per verify step
+                result["accepted_per_step"] = [recorder.of(recorder.accepted, o.request_id) for o in outs]
+                result["drafted_per_step"] = [recorder.of(recorder.drafted, o.request_id) for o in outs]
             if args.logprobs:
                 result["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs]
                                       for o in outs]

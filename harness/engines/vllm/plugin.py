@@ -72,6 +72,7 @@ from .always_on import install_random_loader, install_synthetic_fallback
 from .draft_probe import ENV_PROBE, Probe, install_draft_probe
 
 ENV_STRATEGY = "COMMITBENCH_STRATEGY"
+ENV_FAULT = "COMMITBENCH_FAULT"             # a deliberate commit mistake (faults.py): the mutation tests
 ENV_BUFFER_LEN = "COMMITBENCH_BUFFER_LEN"
 ENV_SHADOW = "COMMITBENCH_SHADOW"
 ENV_KERNELS = "COMMITBENCH_KERNELS"
@@ -324,12 +325,19 @@ class _LayerState:
         from strategies.paged import PagedCommit
 
         layer = self.layer
-        return PagedCommit(_stash_layout(name, self.buffer_len, layer.tp_size, layer.num_k_heads,
-                                         layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec),
-                           backend=os.environ.get(ENV_KERNELS, "auto"), block_v=_env_int(ENV_BLOCK_V, None),
-                           num_warps=_env_int(ENV_NUM_WARPS, None),
-                           algo=os.environ.get(ENV_ALGO, "").strip() or "auto",
-                           launch=os.environ.get(ENV_LAUNCH, "").strip() or "direct")
+        op = PagedCommit(_stash_layout(name, self.buffer_len, layer.tp_size, layer.num_k_heads,
+                                       layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, layer.num_spec),
+                         backend=os.environ.get(ENV_KERNELS, "auto"), block_v=_env_int(ENV_BLOCK_V, None),
+                         num_warps=_env_int(ENV_NUM_WARPS, None),
+                         algo=os.environ.get(ENV_ALGO, "").strip() or "auto",
+                         launch=os.environ.get(ENV_LAUNCH, "").strip() or "direct")
+        fault = os.environ.get(ENV_FAULT, "").strip()
+        if fault:                    # the in-engine gate's mutation tests only (faults.py)
+            from .faults import faulty
+
+            log.warning("%s=%s: the commit is deliberately wrong in %s", ENV_FAULT, fault, layer.prefix)
+            op = faulty(fault, op)
+        return op
 
     def caches(self):
         kv = self.layer.kv_cache
