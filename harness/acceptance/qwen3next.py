@@ -62,7 +62,8 @@ def hf_config(shape: dict[str, Any]):
         max_position_embeddings=int(shape["max_position_embeddings"]), tie_word_embeddings=False,
         partial_rotary_factor=0.25, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
         bos_token_id=int(shape["eos_token_id"]), eos_token_id=int(shape["eos_token_id"]),
-        pad_token_id=None, num_nextn_predict_layers=1)
+        pad_token_id=None, num_nextn_predict_layers=1,
+        mamba_ssm_dtype="float32")      # vLLM's GDN state pages in float32, as Qwen3.5's configs ask
 
 
 class MTP(nn.Module):
