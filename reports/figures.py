@@ -645,8 +645,10 @@ def token_histograms(inp: Inputs) -> Drawn | None:
         for ax, key in zip(axes, ("prompt_len", "output_len")):
             v = np.array([x[key] for x in reqs if x.get(key) is not None], dtype=float)
             if len(v):
-                ax.hist(v, bins=np.geomspace(max(1, v.min()), max(v.max(), 2), 30), histtype="step", color=color,
-                        label=f"{w} (n={len(v)})")
+                lo, hi = max(1.0, v.min()), max(v.max(), 2.0)
+                if hi <= lo:                     # one length for every request (a fixed output length)
+                    lo, hi = lo / 1.25, lo * 1.25
+                ax.hist(v, bins=np.geomspace(lo, hi, 30), histtype="step", color=color, label=f"{w} (n={len(v)})")
         pl = np.array([x["prompt_len"] for x in reqs], dtype=float)
         ol = np.array([x["output_len"] for x in reqs], dtype=float)
         lines.append(f"{w}: median prompt {np.median(pl):.0f}, output {np.median(ol):.0f} tokens")

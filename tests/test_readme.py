@@ -92,6 +92,8 @@ COMPOSE_ONLY = {
     "python -m harness acceptance vllm": ".ci/run runs the in-engine gate after the tests (about 80 s)",
     "python -m harness acceptance vllm fault=commit_off_by_one 'strategy=[store_all,treewy]'":
         "tests/test_vllm_acceptance.py::test_the_gate_catches_a_wrong_commit runs each fault",
+    "python -m harness sweep sweep=trained_qwen3next gpu=cpu engine.kv_cache_bytes=268435456 "
+    "engine.gdn_prefill_backend=null": "ten vLLM points on the trained model (about 6 minutes on two cores)",
     "python -m harness acceptance train": "about 6 minutes of training; tests/test_vllm_acceptance.py checks the "
         "training is seeded on a tiny run",
 }
@@ -113,7 +115,7 @@ OTHER = {
     # the server vLLM ships, named in the prose: the module exists where vLLM is installed
     "python -m vllm.entrypoints.openai.api_server": "module",
     # this test run itself
-    "python -m pytest -q": "self",
+    "python -m pytest -q -n 2 --dist loadfile": "self",
 }
 INSTALL = re.compile(r"^(python3 -m venv|\. \.venv/bin/activate|pip install)")
 

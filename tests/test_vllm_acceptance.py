@@ -45,19 +45,35 @@ def test_the_committed_weights_are_the_trained_ones_and_small():
     assert tok.decode(tok.encode(text)) == text
 
 
+def test_the_model_config_for_sweeps_is_the_committed_shape():
+    """conf/model/trained_qwen3next.yaml (memory accounting, the simulator, sweeps) describes the committed weights:
+    every shape field vLLM reads equals config.json's."""
+    from harness.engines.vllm.model_dir import hf_config
+    from harness.model import ModelSpec
+
+    mine = hf_config(ModelSpec.from_yaml(ROOT / "conf" / "model" / "trained_qwen3next.yaml"))
+    committed = json.loads((MODEL / "config.json").read_text())
+    keys = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+            "linear_num_key_heads", "linear_num_value_heads", "layer_types", "num_experts", "num_experts_per_tok",
+            "moe_intermediate_size", "shared_expert_intermediate_size", "num_nextn_predict_layers",
+            "tie_word_embeddings", "mamba_ssm_dtype", "architectures"]
+    assert {k: mine[k] for k in keys} == {k: committed[k] for k in keys}
+
+
 def test_the_reference_drafts_well_and_its_gdn_state_matters():
     """Greedy speculative decoding with k=3 accepts >= 1 draft per step on average (length >= 2.0), and
     zeroing the GDN layers' state after the prefill changes the greedy output."""
     from harness.acceptance.train import state_matters
 
     net = load(MODEL)
-    prompts = corpus.gate_prompts(8, CFG["prompt_len"])
-    ref = reference_decode(net, prompts, 48, 3)
+    prompts = corpus.gate_prompts(6, CFG["prompt_len"])
+    ref = reference_decode(net, prompts, 32, 3)
     steps = sum(len(d.accepted) for d in ref)
     length = 1 + sum(sum(d.accepted) for d in ref) / steps
     assert length >= 2.0
     assert all(0 <= a <= 3 for d in ref for a in d.accepted) and min(a for d in ref for a in d.accepted) < 3
-    changed = state_matters(net, prompts, 48)
+    changed = state_matters(net, prompts, 32)
     assert changed["share_changed"] >= 0.5, changed
 
 

@@ -44,6 +44,11 @@ from .server import ServerFailed, ServerSettings, VLLMServer, server_tags
 DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commitbench" / "models"
 
 
+# Load formats that invent the weights (vLLM's dummy, the plugin's seeded commitbench_random): their outputs mean
+# nothing; any other reads the model dir's own weights (the trained Qwen3-Next, results/trained-qwen3next/).
+RANDOM_WEIGHTS = ("dummy", "commitbench_random")
+
+
 def model_dir_for(point: Point, cfg: Mapping[str, Any]) -> Path:
     """``engine.model_dir`` as given, else a generated dir (config.json + tokenizer) per model config."""
     if cfg["model_dir"]:
@@ -347,9 +352,10 @@ class VLLMEngine:
             "engine": "vllm",
             "vllm_version": st.get("vllm_version"),
             "device": st.get("device"),
-            "weights": f"load_format={s.load_format} (random weights: outputs are meaningless, timings are real)",
+            "weights": (f"load_format={s.load_format} (random weights: outputs are meaningless, timings are real)"
+                        if s.load_format in RANDOM_WEIGHTS else f"load_format={s.load_format} ({s.model_dir})"),
             "acceptance": ("synthetic " + json.dumps(list(s.acceptance_rates))) if s.acceptance_rates
-            else ("model's own (MTP)" if s.num_spec else "none (no speculation)"),
+            else ("measured: the model's own MTP drafts" if s.num_spec else "none (no speculation)"),
             "server": {"argv": st.get("argv"), "startup_s": st.get("startup_s"), "log": st.get("log"),
                        "strategy": s.strategy, "buffer_len": s.buffer_len, "restarts": self.starts,
                        "gdn_commit": _gdn_commit(s.strategy, dict(s.env), st.get("device") or "", st.get("log")),
