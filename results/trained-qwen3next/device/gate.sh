@@ -3,6 +3,7 @@
 # that unpacks vLLM's last chunk or any later call on the same host (carry .whl and .devrun):
 #   bash .vllm-bundle/cN/unpack.sh && bash results/trained-qwen3next/device/gate.sh eager     # ~3-5 min
 #   bash results/trained-qwen3next/device/gate.sh graphs                                    # next call
+#   bash results/trained-qwen3next/device/gate.sh sweep      # sweep=trained_qwen3next -> $OUT/trained-sweep.tgz
 # Every strategy runs the plugin's Triton op (COMMITBENCH_KERNELS auto on CUDA) on the committed trained weights,
 # real MTP drafts, greedy: `eager` as on CPU (every strategy, speculation off, the torch reference on the host's
 # CPU); `graphs` store_all and treewy in vLLM's default CUDA-graph mode. Results under $OUT/gate-<mode>/ (gate.json
@@ -23,6 +24,12 @@ case "${1:-eager}" in
   graphs) timeout 540 python3 -m harness acceptance vllm kv_cache_bytes=null gmu=0.2 eager=false \
             'strategy=[store_all,treewy]' spec_off=false reference=false out="$OUT/gate-graphs" 2>&1 \
             | tee "$OUT/gate-graphs.txt" ;;
-  *) echo "gate.sh: eager or graphs, not $1" >&2; exit 2 ;;
+  sweep) gpu=h200; grep -q "H100" "$OUT/gpu.txt" && gpu=h100         # the GPU's constants for the KV plan
+         [ -d results/trained-qwen3next/gpu-sweep ] && [ ! -d /tmp/trained-sweep ] \
+           && cp -r results/trained-qwen3next/gpu-sweep /tmp/trained-sweep           # resume a committed part
+         timeout 540 python3 -m harness sweep sweep=trained_qwen3next gpu=$gpu report=false time_budget_s=480 \
+           out=/tmp/trained-sweep 2>&1 | tee "$OUT/trained-sweep.txt"
+         tar czf "$OUT/trained-sweep.tgz" -C /tmp trained-sweep ;;
+  *) echo "gate.sh: eager, graphs or sweep, not $1" >&2; exit 2 ;;
 esac
 exit 0
