@@ -16,7 +16,8 @@ import yaml
 from conftest import requires_vllm
 
 from harness.acceptance import corpus
-from harness.acceptance.qwen3next import load, reference_decode
+from harness.acceptance.qwen3next import load
+from harness.acceptance.reference import reference_decode
 from harness.acceptance.train import sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,8 +124,12 @@ def test_the_judge_allows_near_ties_only_and_reads_steps_logits_and_lengths():
     tie = _run([[3, 3], [1, 0, 2]], [[1, 2, 3, 4, 5, 0, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7]])
     row, res = _judge(tie, ref)
     assert res.passed and len(res.near_ties) == 1 and row.divergences == 1 and row.agree == 12 / 16
+    tie.margins[0][5] = 5.0                          # a tie on store_all's side only is no tie
+    assert not _judge(tie, ref, run_margins=tie.margins)[1].passed
+    assert not _judge(tie, ref, max_near_ties=0)[1].passed
     ref.margins[0][5] = 3.0
     assert not _judge(tie, ref)[1].passed
+    assert not _judge(_run([[3, 3]], [[1, 2, 3, 4, 5, 6, 7, 8, 9]]), ref)[1].passed   # a request missing
     # Before any divergence every step must accept what the reference's did.
     steps = _run([[3, 3], [0, 1, 2]], [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7]])
     row, res = _judge(steps, ref)
@@ -138,6 +143,21 @@ def test_the_judge_allows_near_ties_only_and_reads_steps_logits_and_lengths():
     longer = _run([[3, 3], [1, 1, 2]], [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7]])
     res = _judge(longer, ref, logit_ulps=None)[1]
     assert any("mean acceptance length 3.000 vs store_all's 2.800" in f for f in res.failures)
+
+
+def test_a_run_whose_step_records_are_not_the_engines_fails():
+    """The recorded steps must be vLLM's own count and emit each output (at most k past its end)."""
+    from harness.acceptance.vllm_gate import GateResult, check_run
+
+    good = _run([[3, 3], [1, 0, 2]], [[1] * 8, [1] * 7])
+    good.result["spec_decode"] = {"spec_decode_num_drafts": 5}
+    res = GateResult()
+    check_run("x", good, 3, res)
+    assert res.passed
+    extra = _run([[3, 3, 3], [1, 0, 2]], [[1] * 8, [1] * 7])       # a step after the request finished
+    extra.result["spec_decode"] = {"spec_decode_num_drafts": 5}
+    check_run("x", extra, 3, res)
+    assert len(res.failures) == 2 and "6 verify steps recorded, vLLM counted 5" in res.failures[0]
 
 
 def test_steps_before_counts_only_steps_whose_tokens_precede_the_divergence():

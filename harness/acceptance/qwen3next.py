@@ -14,14 +14,14 @@ model dir (``model.safetensors`` with the target's names plus ``mtp.*``, ``confi
 ``num_nextn_predict_layers: 1``), which vLLM loads with ``load_format=auto``.
 
     net = load("results/trained-qwen3next/model")                  # float32
-    ref = reference_decode(net, prompts, max_new_tokens=64, k=3)     # tokens and accepted drafts per step
+
+Its reference decoding (greedy, and speculative with the MTP chain) is :mod:`.reference`.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -211,79 +211,3 @@ def load(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> TrainedQw
     if missing or unexpected or u2:
         raise ValueError(f"{model_dir / WEIGHTS}: missing {missing[:5]}, unexpected {(unexpected + u2)[:5]}")
     return net.to(dtype).eval()
-
-
-@dataclass
-class Decoded:
-    """One prompt's greedy speculative decoding: the output tokens and the drafts accepted per verify step."""
-    tokens: list[int]
-    accepted: list[int]               # per verify step, 0..k
-    margins: list[float]              # per output token: the target's top-2 logit margin at that choice
-
-    @property
-    def acceptance_length(self) -> float:
-        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 1.0
-
-
-@torch.no_grad()
-def greedy(net: TrainedQwen3Next, prompts: list[list[int]], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain greedy decoding, all prompts of one length in one batch, the whole sequence recomputed per token
-    (no cache: one code path, the chunked delta rule). Returns the sequences [B, P + N] and each choice's top-2
-    margin [B, N]."""
-    if len({len(p) for p in prompts}) != 1:
-        raise ValueError("reference prompts must share one length (they decode as one batch)")
-    seq = torch.tensor(prompts, dtype=torch.long)
-    margins = []
-    for _ in range(max_new_tokens):
-        logits = net.logits(net.hidden(seq)[:, -1])
-        top2 = logits.topk(2, dim=-1).values
-        margins.append(top2[:, 0] - top2[:, 1])
-        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
-    return seq, torch.stack(margins, dim=1)
-
-
-@torch.no_grad()
-def mtp_chain(net: TrainedQwen3Next, seq: torch.Tensor, hidden: torch.Tensor, p: int, k: int) -> list[int]:
-    """The k drafts vLLM's proposer makes after the target accepted up to position ``p`` of ``seq`` (1-D),
-    whose token ``seq[p + 1]`` it just emitted: the MTP's first pass covers positions 0..p with the target's
-    hidden states and the true next tokens, then each further draft feeds the MTP its own output and the
-    previous draft at the next position."""
-    embeds = net.embed(seq[1:p + 2])[None]                        # t_{j+1} for j = 0..p
-    hid = hidden[:p + 1][None]
-    pos = torch.arange(p + 1)[None]
-    drafts: list[int] = []
-    for i in range(k):
-        h = net.mtp(embeds, hid, pos)
-        d = int(net.logits(h[0, -1]).argmax())
-        drafts.append(d)
-        embeds = torch.cat([embeds, net.embed(torch.tensor([[d]]))], dim=1)
-        hid = torch.cat([hid, h[:, -1:]], dim=1)
-        pos = torch.arange(p + 2 + i)[None]
-    return drafts
-
-
-@torch.no_grad()
-def reference_decode(net: TrainedQwen3Next, prompts: list[list[int]], max_new_tokens: int, k: int) -> list[Decoded]:
-    """Greedy speculative decoding with the MTP chain of ``k`` drafts, as exact arithmetic defines it: the output
-    is plain greedy decoding's (speculation never changes greedy tokens), and each verify step accepts the
-    longest prefix of the drafts that equals those tokens. Per prompt: the tokens, the accepted count per
-    step (the prefill's first token is no verify step; the last step may run past ``max_new_tokens``, as in
-    vLLM, whose output is cut there) and the margins."""
-    seqs, margins = greedy(net, prompts, max_new_tokens + k + 1)
-    P = len(prompts[0])
-    out = []
-    for b in range(len(prompts)):
-        seq = seqs[b]
-        hidden = net.hidden(seq[None])[0]
-        accepted: list[int] = []
-        p = P - 1                                  # the target accepted up to here; seq[p + 1] is emitted
-        while k and p + 1 - (P - 1) < max_new_tokens:
-            drafts = mtp_chain(net, seq, hidden, p, k)
-            a = 0
-            while a < k and drafts[a] == int(seq[p + 2 + a]):
-                a += 1
-            accepted.append(a)
-            p += a + 1
-        out.append(Decoded(tokens=seq[P:P + max_new_tokens].tolist(), accepted=accepted,
-                           margins=margins[b, :max_new_tokens].tolist()))
-    return out

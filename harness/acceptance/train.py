@@ -7,8 +7,9 @@ Two phases, every step seeded (bit-identical on one machine and thread count):
    target toward itself).
 2. **Drafting the target's own text.** The target decodes training prompts greedily; the MTP alone (target
    frozen) learns to predict those choices, chained as vLLM chains it: draft i feeds the MTP its previous
-   output. Greedy speculative decoding accepts a draft only where it equals the target's greedy choice, so
-   this is what acceptance length rewards.
+   output (teacher-forced: with the true token, and with every position of a depth taking that depth's hidden
+   states, where vLLM's earlier positions hold the target's). Greedy speculative decoding accepts a draft only
+   where it equals the target's greedy choice, so this is what acceptance length rewards.
 
 Writes a Hugging Face model dir (``config.json``, ``model.safetensors`` in bf16, the byte tokenizer) and
 ``train.json`` beside it: the settings, losses, seconds, the weights' SHA-256, the reference's acceptance
@@ -29,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from . import corpus
-from .qwen3next import TrainedQwen3Next, hf_config, load, reference_decode, save
+from .qwen3next import TrainedQwen3Next, hf_config, load, save
+from .reference import reference_decode
 
 
 def _version(package: str) -> str | None:

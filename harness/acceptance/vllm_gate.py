@@ -38,6 +38,12 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 @dataclass
 class EngineRun:
     """One engine run's per-request outputs."""
@@ -83,7 +89,10 @@ class GateResult:
 
 
 def bf16_ulp(x: float) -> float:
-    """The spacing of bfloat16 numbers at ``x`` (8 significant bits)."""
+    """The spacing of bfloat16 numbers at ``x`` (8 significant bits); NaN where ``x`` is not finite, so every
+    comparison in units of it fails."""
+    if not math.isfinite(x):
+        return float("nan")
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
 
 
@@ -122,8 +131,13 @@ def engine_run(name: str, model_dir: Path, prompts_file: Path, out_dir: Path, c:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if kernels:
         env["COMMITBENCH_KERNELS"] = kernels
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env,
-                          timeout=float(c.get("run_timeout_s", 900)))
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env,
+                              timeout=float(c["run_timeout_s"]))
+    except subprocess.TimeoutExpired as e:
+        (out_dir / f"{name}.log").write_text(f"{e.stdout or ''}\n{e.stderr or ''}")
+        raise RuntimeError(f"engine run {name} ({strategy}, k={num_spec}) passed run_timeout_s="
+                           f"{c['run_timeout_s']} and was killed; its log: {out_dir / (name + '.log')}") from None
     (out_dir / f"{name}.log").write_text(proc.stdout[-20000:] + "\n" + proc.stderr[-60000:])
     if proc.returncode != 0 or not out.is_file():
         raise RuntimeError(f"engine run {name} ({strategy}, k={num_spec}{', fault ' + fault if fault else ''}) "
@@ -133,6 +147,25 @@ def engine_run(name: str, model_dir: Path, prompts_file: Path, out_dir: Path, c:
     tops, margins = _logits(result)
     return EngineRun(name, result["tokens"], result.get("accepted_per_step") or [[] for _ in result["tokens"]],
                      margins, tops, result)
+
+
+def check_run(name: str, run: EngineRun, k: int, res: GateResult) -> None:
+    """What a run's per-step records must agree with: vLLM's own count of verify steps, and per request the tokens
+    its steps emitted (1 + each step's accepted + 1: at least the output's length, at most k past it, where the
+    last step runs over and vLLM cuts the output)."""
+    if not k:
+        return
+    drafts = (run.result.get("spec_decode") or {}).get("spec_decode_num_drafts")
+    steps = sum(len(a) for a in run.accepted)
+    if drafts is None or steps != drafts:
+        res.failures.append(f"{name}: {steps} verify steps recorded, vLLM counted {drafts} (the per-step records "
+                            "are not the engine's)")
+    for r, (toks, acc) in enumerate(zip(run.tokens, run.accepted)):
+        emitted = 1 + sum(a + 1 for a in acc)
+        if not len(toks) <= emitted <= len(toks) + k:
+            res.failures.append(f"{name}: request {r}'s recorded steps emit {emitted} tokens for an output of "
+                                f"{len(toks)} (k={k})")
+            break
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -156,12 +189,14 @@ def steps_before(accepted: list[int], tokens: int) -> int:
 def compare(name: str, against: str, run_tokens, run_accepted, ref_tokens, ref_accepted, ref_margins,
             tie_margin: float, tolerance: float, run_length: float, ref_length: float, res: GateResult,
             exact_steps: bool = True, run_tops=None, ref_tops=None, logit_ulps: float | None = None,
-            unit: str = "bf16 ulps") -> Row:
+            unit: str = "bf16 ulps", run_margins=None, max_near_ties: int | None = None) -> Row:
     """One row of the gate: ``run`` against ``ref`` (see the module docstring). With ``logit_ulps``, the chosen
     tokens' raw logits (``run_tops``, ``ref_tops``) must agree within that many bf16 ulps before each request's
     first divergence."""
-    agree, total, diverged, problems = 0, 0, 0, []
+    agree, total, diverged, problems, ties = 0, 0, 0, [], 0
     worst = 0.0
+    if len(run_tokens) != len(ref_tokens):
+        problems.append(f"{len(run_tokens)} requests against {against}'s {len(ref_tokens)}")
     for r, (toks, ref) in enumerate(zip(run_tokens, ref_tokens)):
         total += len(ref)
         d = first_divergence(toks, ref)
@@ -172,9 +207,12 @@ def compare(name: str, against: str, run_tokens, run_accepted, ref_tokens, ref_a
             diverged += 1
             upto = d
             margin = ref_margins[r][d] if d < len(ref_margins[r]) else float("inf")
+            if run_margins is not None:       # a tie is a tie on both sides: each run's own top-2 are close
+                margin = max(margin, run_margins[r][d] if d < len(run_margins[r]) else float("inf"))
             where = f"{name} vs {against}: request {r} token {d} (top-2 margin {margin:.3g} {unit})"
             if margin <= tie_margin:
                 res.near_ties.append(where)
+                ties += 1
             else:
                 problems.append(f"request {r} diverges at token {d} where {against}'s top-2 margin is "
                                 f"{margin:.3g} {unit} (a near tie is <= {tie_margin:g})")
@@ -192,10 +230,14 @@ def compare(name: str, against: str, run_tokens, run_accepted, ref_tokens, ref_a
                 i = next(i for i in range(n) if run_accepted[r][i] != ref_accepted[r][i])
                 problems.append(f"request {r} verify step {i} accepted {run_accepted[r][i]} drafts, {against} "
                                 f"{ref_accepted[r][i]} (before any token divergence)")
-    if abs(run_length - ref_length) > tolerance:
+    if max_near_ties is not None and ties > max_near_ties:
+        problems.append(f"{ties} requests diverge at near ties (at most {max_near_ties}: bf16 rounding flips a few "
+                        "choices, a wrong state many)")
+    if not abs(run_length - ref_length) <= tolerance:
         problems.append(f"mean acceptance length {run_length:.3f} vs {against}'s {ref_length:.3f} "
                         f"(tolerance {tolerance:g})")
-    row = Row(name, against, run_length, ref_length, agree / max(total, 1), diverged, worst if logit_ulps else None,
+    row = Row(name, against, run_length, ref_length, agree / max(total, 1), diverged,
+              worst if logit_ulps is not None else None,
               "FAIL" if problems else "pass", "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)"
                                                                          if len(problems) > 3 else ""))
     res.failures += [f"{name} vs {against}: {p}" for p in problems]
@@ -212,7 +254,8 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
     import torch
 
     from . import corpus
-    from .qwen3next import load, reference_decode
+    from .qwen3next import load
+    from .reference import reference_decode
     from .train import sha256
 
     t0 = time.perf_counter()
@@ -221,16 +264,34 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
         raise FileNotFoundError(f"model_dir={model_dir}: no model.safetensors; `python -m harness acceptance "
                                 "train` writes it")
     want = c.get("weights_sha256")
+    if want == "auto":
+        raise ValueError("weights_sha256=auto: resolve it from train.json first (python -m harness acceptance vllm "
+                         "does), or give the hash, or null")
     got = sha256(model_dir / "model.safetensors")
     if want and got != want:
         raise ValueError(f"model_dir={model_dir}: weights SHA-256 {got[:12]} is not the committed {want[:12]} "
                          "(retrained or edited?); set weights_sha256=null to gate other weights")
+    k = int(c["num_spec"])
+    fault = c.get("fault") or ""
+    if k < 1:
+        raise ValueError(f"num_spec={k}: the gate judges speculative decoding; give k >= 1 (speculation off runs "
+                         "beside it by itself)")
+    if fault:
+        from ..engines.vllm.faults import FAULTS
+
+        if fault not in FAULTS:
+            raise ValueError(f"fault={fault}: unknown; use one of {', '.join(FAULTS)}")
+        if not [s for s in c["strategy"] if s != "store_all"]:
+            raise ValueError(f"fault={fault}: the faults live in the plugin's paged op, which store_all does not "
+                             "run; add a strategy such as treewy")
+    heldout = int(c["heldout"])
+    if int(c["prompts"]) > heldout:
+        raise ValueError(f"prompts={c['prompts']}: the training held out only Spec-Bench's first {heldout} "
+                         f"questions (conf/acceptance_train.yaml data.heldout); use prompts <= {heldout}")
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = corpus.gate_prompts(int(c["prompts"]), int(c["prompt_len"]))
     prompts_file = out_dir / "prompts.json"
-    prompts_file.write_text(json.dumps(prompts))
-    k = int(c["num_spec"])
-    fault = c.get("fault") or ""
+    atomic_write(prompts_file, json.dumps(prompts))
     jobs: dict[str, tuple[str, int, str]] = {}
     if not fault and c.get("spec_off", True):
         jobs["spec off"] = ("store_all", 0, "")
@@ -251,11 +312,12 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
         for n, fut in futures.items():
             try:
                 res.runs[n] = fut.result()
-            except (RuntimeError, subprocess.TimeoutExpired) as e:    # the others' runs still count
+            except RuntimeError as e:                            # the others' runs still count
                 res.failures.append(f"{n}: {str(e).splitlines()[0]}")
                 progress(f"  {n}: FAILED ({str(e).splitlines()[0]})")
                 continue
             r = res.runs[n]
+            check_run(n, r, jobs[n][1], res)
             progress(f"  {n}: acceptance length {r.acceptance_length:.3f}, "
                      f"{r.result['elapsed_s']:.1f} s generating ({r.result['plugin']['gdn_path'] or 'vLLM kernel'})")
     if "store_all" not in res.runs:                       # nothing to judge against
@@ -263,17 +325,18 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
         return res
     base = res.runs["store_all"]
     tie, tol, ulps = float(c["tie_ulps"]), float(c["length_tolerance"]), float(c["logit_ulps"])
+    most = int(c["max_near_ties"])
     for n, r in res.runs.items():
         if n in ("store_all", "spec off"):
             continue
         compare(n, "store_all", r.tokens, r.accepted, base.tokens, base.accepted, base.margins, tie, tol,
                 r.acceptance_length, base.acceptance_length, res, run_tops=r.tops, ref_tops=base.tops,
-                logit_ulps=ulps)
+                logit_ulps=ulps, run_margins=r.margins, max_near_ties=most)
     if "spec off" in res.runs:
         off = res.runs["spec off"]
         compare("store_all", "spec off", base.tokens, None, off.tokens, None, off.margins, tie, float("inf"),
                 base.acceptance_length, 1.0, res, exact_steps=False, run_tops=base.tops, ref_tops=off.tops,
-                logit_ulps=float(c["spec_off_logit_ulps"]))
+                logit_ulps=float(c["spec_off_logit_ulps"]), run_margins=base.margins, max_near_ties=most)
     if reference:
         net = load(model_dir, torch.float32)
         ref = reference_decode(net, prompts, int(c["new_tokens"]), k)
@@ -287,6 +350,6 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
                 continue
             compare(n, "torch reference", r.tokens, r.accepted, [d.tokens for d in ref], [d.accepted for d in ref],
                     [d.margins for d in ref], rtie, rtol, r.acceptance_length, ref_len, res, exact_steps=False,
-                    unit="nats (float32)")
+                    unit="nats (float32)", max_near_ties=int(c["reference_max_near_ties"]))
     res.seconds = time.perf_counter() - t0
     return res

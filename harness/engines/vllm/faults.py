@@ -8,8 +8,8 @@ engine; the Triton op does not have them):
   off-by-one on ``num_accepted_tokens``), where that node exists;
 * ``skip_decay``: the commit rebuilds the accepted state without the gates' decays (the stash's log-decay
   columns read as zero);
-* ``stale_stash``: the stash each verify writes is thrown away, so every commit reads the one of the step
-  before (the last verify's pseudo-values, keys and decays are never the ones committed).
+* ``stale_stash``: every commit reads the stash as it was one step earlier (the verify before the last one's
+  pseudo-values, keys and decays), not the one the last verify wrote.
 
 A result run with a fault says so (``fault`` in its JSON); nothing else reads this variable.
 """
@@ -40,10 +40,16 @@ class _SkipDecay(PagedCommit):
 
 
 class _StaleStash(PagedCommit):
+    """Swaps in the previous step's stash before each step (which commits, then verifies and writes anew)."""
+
+    _previous: torch.Tensor | None = None
+
     def step(self, pool, stash, header, *args, **kwargs):
-        before = stash.clone()
+        written = stash.clone()                       # what the last verify wrote
+        if self._previous is not None:
+            stash.copy_(self._previous)               # the commit reads the step before's instead
         out = super().step(pool, stash, header, *args, **kwargs)
-        stash.copy_(before)
+        self._previous = written
         return out
 
 
@@ -51,8 +57,8 @@ _CLASSES = {"commit_off_by_one": _OffByOne, "skip_decay": _SkipDecay, "stale_sta
 
 
 def faulty(name: str, paged: PagedCommit) -> PagedCommit:
-    """``paged`` rebuilt as the faulty op ``name`` (same layout and settings; torch backend)."""
+    """``paged``'s layout in the faulty op ``name``, on the torch backend (the mistakes live in its methods; the
+    Triton op's tiles and launch do not apply)."""
     if name not in _CLASSES:
         raise ValueError(f"{ENV_FAULT}={name!r}: unknown; use one of {', '.join(FAULTS)} (or unset it)")
-    op = _CLASSES[name](paged.layout, backend="torch")
-    return op
+    return _CLASSES[name](paged.layout, backend="torch")

@@ -228,8 +228,9 @@ class SchedulerSampler:
 
 class AcceptanceRecorder:
     """Wraps the in-process scheduler's ``update_from_output``: the drafts each request's verify steps accepted,
-    in step order, as the scheduler counts them (accepted = tokens sampled - 1 on a step that verified drafts;
-    vLLM 0.26 and 0.32 alike)."""
+    in step order, as the scheduler counts them (accepted = tokens sampled - 1 on a step that verified drafts), and
+    only the steps it counts: not a request's output that arrives after it finished (async scheduling runs a step
+    ahead: on vLLM 0.26's GPU path those came back and were counted, 287 steps against vLLM's 276) or a stale one."""
 
     def __init__(self, llm):
         sched = llm.llm_engine.engine_core.engine_core.scheduler
@@ -243,6 +244,9 @@ class AcceptanceRecorder:
             index = getattr(model_runner_output, "req_id_to_index", None) or {}
             if spec and sampled is not None:
                 for req_id, drafts in spec.items():
+                    req = sched.requests.get(req_id)
+                    if req is None or req.is_finished() or getattr(req, "num_stale_output_tokens", 0) > 0:
+                        continue                     # update_from_output skips these too
                     if drafts and req_id in index:
                         got = len(sampled[index[req_id]])
                         if got:

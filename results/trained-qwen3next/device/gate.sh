@@ -33,4 +33,4 @@ case "${1:-eager}" in
          tar czf "$OUT/trained-sweep.tgz" -C /tmp trained-sweep ;;
   *) echo "gate.sh: eager, graphs or sweep, not $1" >&2; exit 2 ;;
 esac
-exit 0
+exit "${PIPESTATUS[0]}"            # the gate's verdict (the sweep: its tar's status)
