@@ -18,7 +18,7 @@ from conftest import requires_vllm
 from harness.acceptance import corpus
 from harness.acceptance.qwen3next import load
 from harness.acceptance.reference import reference_decode
-from harness.acceptance.train import sha256
+from harness.identity import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "results" / "trained-qwen3next" / "model"
@@ -33,7 +33,7 @@ def _cfg(**over):
 
 
 def test_the_committed_weights_are_the_trained_ones_and_small():
-    assert sha256(MODEL / "model.safetensors") == TRAIN["weights_sha256"]
+    assert file_sha256(MODEL / "model.safetensors") == TRAIN["weights_sha256"]
     assert (MODEL / "model.safetensors").stat().st_size < 8e6
     cfg = json.loads((MODEL / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3NextForCausalLM"] and cfg["num_nextn_predict_layers"] == 1

@@ -22,25 +22,31 @@ def group_of(category: str) -> str:
     return "mt_bench" if category in MT_BENCH else category
 
 
+def read_questions(path: Path = DEFAULT_PATH) -> list[tuple[object, str, list[str]]]:
+    """(question_id, category, turns) of every question in a Spec-Bench ``question.jsonl``, in file order."""
+    if not path.is_file():
+        raise FileNotFoundError(f"workload.path={path}: no such file; Spec-Bench's question.jsonl is "
+                                f"bundled at {DEFAULT_PATH}")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                rows.append((row["question_id"], row["category"], row["turns"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not a Spec-Bench question ({type(e).__name__}: {e}); "
+                                 'expected {"question_id", "category", "turns": [...]}') from None
+    return rows
+
+
 class SpecBench(Workload):
     name = "spec_bench"
 
     def load(self):
         path = Path(self.cfg["path"]) if self.cfg.get("path") else DEFAULT_PATH
-        if not path.is_file():
-            raise FileNotFoundError(f"workload.path={path}: no such file; Spec-Bench's question.jsonl is "
-                                    f"bundled at {DEFAULT_PATH}")
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    rows.append((row["question_id"], row["category"], row["turns"]))
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise ValueError(f"{path}:{n}: not a Spec-Bench question ({type(e).__name__}: {e}); "
-                                     'expected {"question_id", "category", "turns": [...]}') from None
+        rows = read_questions(path)
         known = sorted({c for _, c, _ in rows} | set(GROUPS))
         wanted = self.cfg.get("categories") or self.cfg.get("category")
         if isinstance(wanted, str):

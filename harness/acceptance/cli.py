@@ -129,7 +129,7 @@ def vllm_gate(cfg: DictConfig) -> int:
                             "tokens": r.tokens, "provenance": r.result.get("provenance"),
                             "gdn_path": r.result.get("plugin", {}).get("gdn_path"),
                             "spec_decode": r.result.get("spec_decode")} for n, r in res.runs.items()}}
-    from .vllm_gate import atomic_write
+    from ..store import atomic_write
 
     atomic_write(out / "gate.json", json.dumps(summary, indent=1))
     console.print(f"{'PASS' if res.passed else 'FAIL'}: {len(res.runs)} engine runs in {res.seconds:.0f} s "

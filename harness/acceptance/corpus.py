@@ -34,15 +34,9 @@ def _ascii(text: str, limit: float = 0.01) -> bool:
 
 def spec_bench_questions() -> list[tuple[str, str]]:
     """(category, first turn) of every bundled Spec-Bench question, in file order."""
-    from workloads.spec_bench import DEFAULT_PATH
+    from workloads.spec_bench import read_questions
 
-    rows = []
-    with open(DEFAULT_PATH, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                rows.append((row["category"], row["turns"][0]))
-    return rows
+    return [(category, turns[0]) for _qid, category, turns in read_questions()]
 
 
 def documents(sharegpt_records: int, heldout: int) -> Iterator[str]:

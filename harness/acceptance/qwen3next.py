@@ -175,17 +175,17 @@ def save(net: TrainedQwen3Next, out: Path, dtype: torch.dtype = torch.bfloat16, 
     """``out``/config.json and model.safetensors (tensors in ``dtype``, contiguous, names sorted)."""
     from safetensors.torch import save_file
 
+    from ..store import atomic_file, atomic_write
+
     out.mkdir(parents=True, exist_ok=True)
     cfg = _config_dict(net.config)
     cfg["torch_dtype"] = cfg["dtype"] = str(dtype).removeprefix("torch.")
     if extra:
         cfg.update(extra)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in sorted(net.state_dict_hf().items())}
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out / WEIGHTS)
-    (out / "config.json.tmp").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
-    (out / "config.json.tmp").replace(out / "config.json")
+    with atomic_file(out / WEIGHTS) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write(out / "config.json", json.dumps(cfg, indent=1, sort_keys=True) + "\n")
 
 
 def load(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> TrainedQwen3Next:

@@ -15,6 +15,13 @@ import torch
 from .qwen3next import TrainedQwen3Next
 
 
+def mean_acceptance_length(accepted: list[list[int]]) -> float:
+    """1 + accepted drafts / verify steps over every step of every request (``accepted``: per request, the drafts
+    each step accepted), as vLLM's spec-decode counters give it; 1.0 without a step."""
+    steps = sum(len(a) for a in accepted)
+    return 1.0 + sum(sum(a) for a in accepted) / steps if steps else 1.0
+
+
 @dataclass
 class Decoded:
     """One prompt's greedy speculative decoding: the output tokens and the drafts accepted per verify step."""
@@ -24,7 +31,7 @@ class Decoded:
 
     @property
     def acceptance_length(self) -> float:
-        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 1.0
+        return mean_acceptance_length([self.accepted])
 
 
 @torch.no_grad()

@@ -18,7 +18,6 @@ length on the gate's held-out prompts and what corrupting the GDN state does to 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import platform
@@ -29,23 +28,17 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from ..identity import file_sha256
+from ..store import atomic_write
 from . import corpus
 from .qwen3next import TrainedQwen3Next, hf_config, load, save
-from .reference import reference_decode
+from .reference import mean_acceptance_length, reference_decode
 
 
 def _version(package: str) -> str | None:
     from ..provenance import package_version
 
     return package_version(package)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _lr(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -165,15 +158,14 @@ def run_training(c: dict[str, Any], progress: Callable[[str], None] = print) -> 
         "what": "a small Qwen3-Next (3 Gated DeltaNet + 1 gated attention layer, one MTP layer) trained on "
                 "two CPU cores, byte vocabulary",
         "parameters": params, "train_seconds": round(train_s, 1), "threads": int(c["threads"]),
-        "weights_sha256": sha256(out / "model.safetensors"),
+        "weights_sha256": file_sha256(out / "model.safetensors"),
         "weights_bytes": (out / "model.safetensors").stat().st_size,
         "config": c, "losses": log,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "machine": platform.machine(),
     }
     result["evaluation"] = evaluate(out, c["eval"], progress) if c.get("eval") else None
-    (out.parent / "train.json.tmp").write_text(json.dumps(result, indent=1) + "\n")
-    (out.parent / "train.json.tmp").replace(out.parent / "train.json")
+    atomic_write(out.parent / "train.json", json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -207,8 +199,7 @@ def evaluate(model_dir: Path, e: dict[str, Any], progress: Callable[[str], None]
     t = time.perf_counter()
     ref = reference_decode(net, prompts, n, k)
     lengths = [r.acceptance_length for r in ref]
-    steps = sum(len(r.accepted) for r in ref)
-    mean = 1 + sum(sum(r.accepted) for r in ref) / steps
+    mean = mean_acceptance_length([r.accepted for r in ref])
     progress(f"eval: mean acceptance length {mean:.3f} (k={k}, {len(prompts)} held-out Spec-Bench prompts, "
              f"{time.perf_counter() - t:.0f} s)")
 

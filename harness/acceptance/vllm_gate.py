@@ -7,16 +7,18 @@ weights, no synthetic acceptance), greedy, MTP chain of ``num_spec`` drafts, the
 prompts as token ids. Compared, request by request:
 
 * **strategy vs store_all** (vLLM's own kernel, same engine): the tokens equal up to each request's first
-  divergence, and a divergence only where store_all's choice was a near tie (top-2 logprob margin under
-  ``tie_margin``: bf16 rounding of the hidden state can flip it, a wrong state flips far more); every verify
-  step before a request's first divergence accepts exactly what store_all's did; the mean acceptance length
-  within ``length_tolerance`` of store_all's.
+  divergence, and a divergence only where both runs' choice was a near tie (a top-2 margin of the raw bf16 logits
+  of at most ``tie_ulps`` ulps: bf16 rounding of the hidden state can flip it, a wrong state flips far more), in at
+  most ``max_near_ties`` requests; before it the chosen token's logit within ``logit_ulps`` of store_all's and
+  every verify step accepting exactly what store_all's did; the mean acceptance length within
+  ``length_tolerance`` of store_all's; and each run's recorded steps are vLLM's own count (:func:`check_run`).
 * **store_all vs speculation off**: speculation is lossless under greedy: the same tokens, divergences only at
   near ties.
 * **vLLM vs the torch reference** (the same weights in float32 through transformers' Qwen3-Next and the MTP as
-  vLLM computes it, :mod:`.qwen3next`): the share of tokens before each request's first divergence (the token
-  agreement), divergences only at the reference's near ties (``reference_tie_margin``), and the mean acceptance
-  length within ``reference_length_tolerance``.
+  vLLM computes it, :mod:`.qwen3next`, decoded by :mod:`.reference`): the share of tokens before each request's
+  first divergence (the token agreement), divergences only at the reference's near ties
+  (``reference_tie_margin``, in at most ``reference_max_near_ties`` requests), and the mean acceptance length
+  within ``reference_length_tolerance``.
 
 The mean acceptance length is over every verify step of every request (1 + accepted / steps, as vLLM's
 ``spec_decode`` counters give it).
@@ -35,13 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..store import atomic_write
+from .gate import bf16_ulp as _bf16_ulp
+from .reference import mean_acceptance_length
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 @dataclass
@@ -56,8 +56,7 @@ class EngineRun:
 
     @property
     def acceptance_length(self) -> float:
-        steps = sum(len(a) for a in self.accepted)
-        return 1.0 + sum(sum(a) for a in self.accepted) / steps if steps else 1.0
+        return mean_acceptance_length(self.accepted)
 
 
 @dataclass
@@ -89,11 +88,9 @@ class GateResult:
 
 
 def bf16_ulp(x: float) -> float:
-    """The spacing of bfloat16 numbers at ``x`` (8 significant bits); NaN where ``x`` is not finite, so every
-    comparison in units of it fails."""
-    if not math.isfinite(x):
-        return float("nan")
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
+    """The toy gate's :func:`.gate.bf16_ulp`, NaN where ``x`` is not finite (a NaN logit), so every comparison in
+    units of it fails instead of raising."""
+    return _bf16_ulp(x) if math.isfinite(x) else float("nan")
 
 
 def _logits(result: dict[str, Any]) -> tuple[list[list[float]], list[list[float]]]:
@@ -255,8 +252,8 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
 
     from . import corpus
     from .qwen3next import load
+    from ..identity import file_sha256
     from .reference import reference_decode
-    from .train import sha256
 
     t0 = time.perf_counter()
     model_dir = Path(c["model_dir"])
@@ -267,7 +264,7 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
     if want == "auto":
         raise ValueError("weights_sha256=auto: resolve it from train.json first (python -m harness acceptance vllm "
                          "does), or give the hash, or null")
-    got = sha256(model_dir / "model.safetensors")
+    got = file_sha256(model_dir / "model.safetensors")
     if want and got != want:
         raise ValueError(f"model_dir={model_dir}: weights SHA-256 {got[:12]} is not the committed {want[:12]} "
                          "(retrained or edited?); set weights_sha256=null to gate other weights")
@@ -340,7 +337,7 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
     if reference:
         net = load(model_dir, torch.float32)
         ref = reference_decode(net, prompts, int(c["new_tokens"]), k)
-        ref_len = 1 + sum(sum(d.accepted) for d in ref) / sum(len(d.accepted) for d in ref)
+        ref_len = mean_acceptance_length([d.accepted for d in ref])
         progress(f"  torch reference: acceptance length {ref_len:.3f}")
         res.reference = ref
         res.reference_length = ref_len
