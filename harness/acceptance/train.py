@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..identity import file_sha256
+from ..provenance import provenance
 from ..store import atomic_write
 from . import corpus
 from .qwen3next import TrainedQwen3Next, hf_config, load, save
@@ -162,7 +163,7 @@ def run_training(c: dict[str, Any], progress: Callable[[str], None] = print) -> 
         "weights_bytes": (out / "model.safetensors").stat().st_size,
         "config": c, "losses": log,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
-        "machine": platform.machine(),
+        "machine": platform.machine(), "provenance": provenance(transformers=_version("transformers")),
     }
     result["evaluation"] = evaluate(out, c["eval"], progress) if c.get("eval") else None
     atomic_write(out.parent / "train.json", json.dumps(result, indent=1) + "\n")
