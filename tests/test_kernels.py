@@ -119,6 +119,43 @@ def test_big_trees(name, shape):
     assert rel_err(committed, expected) <= FP32_TOL
 
 
+@pytest.mark.parametrize("shape", [*SHAPES, "tree333+root"])
+def test_store_all_depth_fork_matches_the_recurrence(shape):
+    """fork=depth (one launch per depth, a program per node) writes the same snapshots and outputs as the
+    recurrence, fresh and in place over steps: node t's snapshot in its slot, the committed slot kept."""
+    tree = {**SHAPES, **BIG}[shape]
+    heads = None if GPU or tree.num_nodes < 20 else dict(H=1, HV=2, K=16, V=16)
+    B = min(tree.num_nodes + 1, 8)
+    state, q, k, v, g, beta = step(tree, B=B, seed=11, **(heads or {}))
+    o_ref, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
+    depth, node = kernels.get("store_all", block_v=16, fork="depth"), kernels.get("store_all", block_v=16)
+    vd = depth.verify(depth.start(state), q, k, v, g, beta, tree)
+    assert rel_err(vd.o, o_ref) <= FP32_TOL
+    accepted = torch.arange(-1, B - 1, device=DEV) % tree.num_nodes
+    accepted[0] = -1
+    cd = depth.commit(depth.start(state), vd, accepted)
+    assert rel_err(depth.materialize(cd), accepted_state(state, states_ref, accepted)) <= FP32_TOL
+    # a second step in place (the committed state in one of the slots): same as the node-by-node kernel
+    cn = node.commit(node.start(state), node.verify(node.start(state), q, k, v, g, beta, tree), accepted)
+    ins = step(tree, B=B, seed=12, **(heads or {}))[1:]
+    vd2, vn2 = depth.verify(cd, *ins, tree), node.verify(cn, *ins, tree)
+    assert torch.equal(vd2.o, vn2.o)
+    last = torch.full((B,), tree.num_nodes - 1, device=DEV)
+    assert torch.equal(depth.materialize(depth.commit(cd, vd2, last)), node.materialize(node.commit(cn, vn2, last)))
+
+
+def test_store_all_without_stores_writes_no_snapshot():
+    """store=False (the benchmark's way to time the forks) leaves the snapshot slots as they were: its outputs
+    are right on a chain (the running state stays in registers), its snapshots are not written."""
+    tree = DraftTree.chain(3, root=True)
+    state, q, k, v, g, beta = step(tree, B=2, seed=4)
+    o_ref, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
+    ver = kernels.get("store_all", block_v=16, store=False).verify(kernels.get("store_all").start(state),
+                                                                     q, k, v, g, beta, tree)
+    assert rel_err(ver.o, o_ref) <= FP32_TOL
+    assert rel_err(ver.stash["states"][:, : tree.num_nodes], states_ref) > 1e-3
+
+
 @pytest.mark.parametrize("name", kernels.NAMES)
 def test_bf16_inputs_within_bf16_tolerance(name):
     """bf16 q/k/v/g/beta and state: the kernels compute in fp32 and cast the state back."""
@@ -218,6 +255,8 @@ def test_clear_errors():
         kernels.get("store_all", block_v=48)
     with pytest.raises(ValueError, match="solve='lu'"):
         kernels.get("treewy", solve="lu")
+    with pytest.raises(ValueError, match="fork='level'.*node.*depth"):
+        kernels.get("store_all", fork="level")
     branching = DraftTree.from_widths((2, 2), root=True)
     s = step(branching, B=2)
     with pytest.raises(ValueError, match="needs a chain"):
@@ -249,6 +288,11 @@ def test_bench_kernels_smoke_and_report(tmp_path):
     fused = {r["draft"]: r for r in res["rows"] if r["strategy"] == "treewy_fused" and r["batch"] == 2}
     moved = [d["chain:3+root"]["states_moved"] for d in (fused, tw, sa)]
     assert moved == sorted(moved)
+    # store_all's fork orders on the smoke tree, each against the measured 35B step nearest in batch
+    forks = {r["fork"]: r for r in res["forks"]["rows"]}
+    assert set(forks) == {"node", "depth"} and all(r["draft"] == "2,2+root" for r in forks.values())
+    assert all(r["snapshot_bytes"] == 2 * 7 * 2 * 16 * 32 * 4 and r["step_point"].endswith("store_all")
+               for r in forks.values())
     # Each strategy's layer row names the code that ran (here the plugin's torch path: CPU pages, no Triton op).
     ops = [r for r in res["layer"]["rows"] if r["strategy"] != "vllm_store_all"]
     assert ops and all(r["code"] == "torch reference (strategies/paged)" for r in ops), {r.get("code") for r in ops}
@@ -274,6 +318,20 @@ def test_bench_kernels_smoke_and_report(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "harness", "bench", "kernels", "smoke=true", "sections=[layer,nope]"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown ['nope']" in bad.stderr and "copy bandwidth" not in bad.stdout
+
+
+def test_the_forks_reference_step_is_the_campaigns_measured_store_all_step(tmp_path):
+    """The 35B step a fork is compared with: TPOT x acceptance length of the committed vLLM sweep's store_all
+    points (c16: 12.4 ms x 3.24 = 40 ms); a folder without such points is refused by name."""
+    from pathlib import Path
+
+    from harness.bench.kernels import campaign_steps
+
+    steps = campaign_steps(Path(__file__).resolve().parents[1] / "results" / "h200-vllm-sweep")
+    c16 = next(s for s in steps if "-c16-" in s["point"])
+    assert len(steps) == 4 and 0.039 < c16["step_s"] < 0.041 and 10 < c16["mean_running"] <= 16
+    with pytest.raises(ValueError, match="forks.step_reference=.*no store_all point"):
+        campaign_steps(tmp_path)
 
 
 @pytest.mark.skipif(not GPU, reason="needs ~10 GB of GPU memory: 256 requests x 18 snapshots at the real heads")

@@ -38,6 +38,22 @@ CASES = [(n, s) for s in SHAPES for n in strategies.names() if applicable(n, SHA
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("shape", ["tree222", "tree333+root", "forest", "chain3+root"])
+def test_store_all_forks_by_depth_or_by_node_to_the_same_states(shape, dtype):
+    """fork=depth (a depth's nodes in one batch) and fork=node (one at a time) are the same arithmetic: the
+    same outputs and snapshots bit for bit, within the tolerance of the literal recurrence."""
+    tree = SHAPES[shape]
+    state, q, k, v, g, beta = make_step(tree, B=3, H=2, HV=4, K=8, V=6, dtype=dtype, seed=12)
+    o_ref, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
+    by = {f: strategies.get("store_all", fork=f).verify(state, q, k, v, g, beta, tree) for f in ("node", "depth")}
+    assert torch.equal(by["node"].o, by["depth"].o)
+    assert torch.equal(by["node"].stash["states"], by["depth"].stash["states"])
+    assert rel_err(by["depth"].o, o_ref) <= TOL[dtype] and rel_err(by["depth"].stash["states"], states_ref) <= TOL[dtype]
+    with pytest.raises(ValueError, match="strategies.store_all.fork='breadth'"):
+        strategies.get("store_all", fork="breadth")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 @pytest.mark.parametrize("name, shape", CASES)
 def test_one_step_every_accepted_node(name, shape, dtype):
     """Outputs of all nodes, and the committed state for every possible accepted node incl. -1."""

@@ -289,7 +289,8 @@ def _smoke(cfg: DictConfig) -> DictConfig:
     small = OmegaConf.create({"batches": [1, 2], "drafts": ["chain:1", "chain:3", [2, 2]], "solve_nodes": [2, 4],
                               "solve_batch": 2, "warmup": 0, "repeats": 1, "copy_bytes": 1 << 20,
                               "block_v": 16, "tune_block_v": [16, 32], "tune_num_warps": [4],
-                              "layer": {"batches": [1, 2], "chains": [1, 3]}})
+                              "layer": {"batches": [1, 2], "chains": [1, 3]},
+                              "forks": {"drafts": [[2, 2]], "batches": [2]}})
     small.strategies = {name: {**opts, "buffer_len": 8} if "buffer_len" in opts else opts
                         for name, opts in strategy_configs.of_all(cfg).items()}
     return OmegaConf.merge(cfg, small)
@@ -344,6 +345,8 @@ def run(cfg: DictConfig) -> int:
         _kernel_section(result, done, shape, cfg, gen, device, copy_bw, console, out)
     if "solve" in cfg.sections:
         _solve_section(result, shape, cfg, gen, device, console, out)
+    if "forks" in cfg.sections:
+        _forks_section(result, shape, cfg, gen, device, console, out)
     result["crossover_nodes"] = crossover(result["solve"])
     result["complete"] = True
     print_tables(console, result)
@@ -381,7 +384,8 @@ def _new_result(cfg: DictConfig, shape: GDNShape, where: str, gpu: bool, copy: d
         "shape": {"H": shape.num_key_heads, "HV": shape.num_value_heads, "K": shape.key_head_dim,
                   "V": shape.value_head_dim},
         "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "tiles": {},
-        "layer": {"rows": [], "vllm_kernel": None}, "sections": list(cfg.sections),
+        "layer": {"rows": [], "vllm_kernel": None}, "forks": {"rows": [], "step_reference": None},
+        "sections": list(cfg.sections),
         "provenance": provenance(),
         "config": OmegaConf.to_container(cfg, resolve=True)}
 
@@ -398,7 +402,88 @@ def _write(out: Path, result: dict[str, Any], console) -> None:
         console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
 
 
-SECTIONS = ("layer", "kernels", "solve")
+SECTIONS = ("layer", "kernels", "solve", "forks")
+
+
+def campaign_steps(folder: Path) -> list[dict[str, Any]]:
+    """The measured 35B decoding steps a fork's cost is compared with: each store_all point of a committed real-
+    engine sweep (``folder/points/*/summary.json``), its step = mean TPOT x mean acceptance length (tokens per
+    verify step), at its mean running batch."""
+    rows = []
+    for f in sorted(folder.glob("points/*/summary.json")):
+        d = json.loads(f.read_text())
+        c, m = d["config"], d.get("metrics") or {}
+        if d.get("status") != "ok" or c.get("strategy") != "store_all" or not c.get("draft"):
+            continue
+        if not m.get("tpot_mean") or not m.get("acceptance_length"):
+            continue
+        rows.append({"point": f.parent.name, "engine": (d.get("telemetry") or {}).get("engine", c["engine"]["name"]),
+                     "mean_running": float(d["telemetry"].get("mean_running") or 0.0),
+                     "step_s": float(m["tpot_mean"]) * float(m["acceptance_length"]),
+                     "draft": c["draft"]})
+    if not rows:
+        raise ValueError(f"forks.step_reference={folder}: no store_all point with a TPOT and an acceptance length "
+                         "there; point it at a committed real-engine sweep (results/h200-vllm-sweep)")
+    return rows
+
+
+def _fork_row(tree: DraftTree, B: int, fork: str, shape: GDNShape, cfg: DictConfig, gen, device,
+              tiles: dict[str, int]) -> dict[str, Any]:
+    """store_all's verify in one fork order with and without its snapshot writes: the forks' own time."""
+    from strategies import kernels
+
+    sdt, idt = as_dtype(cfg.state_dtype), as_dtype(cfg.input_dtype)
+    w, r = int(cfg.warmup), int(cfg.repeats)
+    state, (q, k, v, g, beta) = inputs(gen, B, tree, shape, idt, sdt, device)
+    times = {}
+    for store in (True, False):
+        strat = kernels.get("store_all", fork=fork, store=store, **tiles)
+        carry = strat.commit(strat.start(state), strat.verify(strat.start(state), q, k, v, g, beta, tree),
+                             torch.zeros(B, dtype=torch.long, device=device))      # in place from here on
+        times[store] = gpu_seconds(lambda: strat.verify(carry, q, k, v, g, beta, tree), w, r)
+        del carry
+    snap = B * tree.num_nodes * shape.state_elems * dtype_bytes(sdt)
+    fork_s = max(times[True] - times[False], 0.0)
+    return {"draft": tree.label, "nodes": tree.num_nodes, "depths": len(tree.levels), "batch": B, "fork": fork,
+            **tiles, "verify_s": times[True], "verify_nostore_s": times[False], "fork_s": fork_s,
+            "snapshot_bytes": snap, "fork_bandwidth": snap / fork_s if fork_s else None,
+            "fork_step_s": fork_s * shape.num_layers, "verify_step_s": times[True] * shape.num_layers}
+
+
+def _forks_section(result, shape, cfg, gen, device, console, out) -> None:
+    """store_all's verify node by node against depth by depth on the trees of ``forks.drafts``, and the forks'
+    time per step (verify minus the same kernel without its snapshot writes, x GDN layers) against the measured
+    35B steps of ``forks.step_reference``; each (draft, batch, order) saved as it is done."""
+    fc = cfg.forks
+    folder = Path(str(fc.step_reference))
+    ref = campaign_steps(folder if folder.is_absolute() else Path(__file__).resolve().parents[2] / folder)
+    result.setdefault("forks", {"rows": [], "step_reference": {"folder": str(fc.step_reference), "steps": ref}})
+    result["forks"]["step_reference"] = {"folder": str(fc.step_reference), "steps": ref}
+    tiles = (result["tiles"] or _fixed_tiles(cfg))["store_all"]
+    have = {(r["draft"], r["batch"], r["fork"]) for r in result["forks"]["rows"]}
+    for d in fc.drafts:
+        tree = parse_draft(d, root=bool(cfg.root))
+        for B in fc.batches:
+            for fork in ("node", "depth"):
+                if (tree.label, int(B), fork) in have:
+                    continue
+                try:
+                    row = _fork_row(tree, int(B), fork, shape, cfg, gen, device, tiles)
+                except torch.cuda.OutOfMemoryError as e:
+                    reason = f"out of GPU memory: {str(e).splitlines()[0]}"
+                    result["failed"].append({"strategy": f"store_all fork={fork}", "draft": tree.label,
+                                             "batch": int(B), "reason": reason})
+                    torch.cuda.empty_cache()
+                    continue
+                near = min(ref, key=lambda s: abs(s["mean_running"] - int(B)))
+                row.update(step_point=near["point"], step_s=near["step_s"], step_running=near["mean_running"],
+                           fork_fraction_of_step=row["fork_step_s"] / near["step_s"])
+                result["forks"]["rows"].append(row)
+                console.print(f"    forks {tree.label} B={int(B):<3d} {fork:5s} verify {1e6 * row['verify_s']:9.1f} us,"
+                              f" without snapshots {1e6 * row['verify_nostore_s']:9.1f} us: forks "
+                              f"{1e3 * row['fork_step_s']:.3f} ms per step, "
+                              f"{100 * row['fork_fraction_of_step']:.2f}% of a {1e3 * near['step_s']:.1f} ms step")
+                _save(out, result)
 
 
 def _solve_section(result, shape, cfg, gen, device, console, out) -> None:
@@ -545,15 +630,17 @@ def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str,
         return set()
     same = ("device", "shape", "num_layers")
     keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "strategies", "root", "repeats", "smoke", "solve",
-            "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate", "layer")
+            "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate", "layer", "forks")
     if old.get("complete") or any(old.get(k) != result[k] for k in same) \
             or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):
         return set()
     result["rows"], result["solve"], result["tiles"] = old.get("rows", []), old.get("solve", []), old.get("tiles", {})
     result["layer"].update({k: old.get("layer", {}).get(k) for k in ("rows", "tiles", "tuning")
                             if old.get("layer", {}).get(k) is not None})
-    console.print(f"  resuming {out}: {len(result['rows'])} rows, {len(result['layer']['rows'])} layer rows and "
-                  f"{len(result['solve'])} solve points kept")
+    if (old.get("forks") or {}).get("rows"):
+        result["forks"] = old["forks"]
+    console.print(f"  resuming {out}: {len(result['rows'])} rows, {len(result['layer']['rows'])} layer rows, "
+                  f"{len(result['solve'])} solve points and {len(result['forks']['rows'])} fork rows kept")
     return {(r["strategy"], r["draft"], r["batch"]) for r in result["rows"]}
 
 
@@ -614,6 +701,20 @@ def print_tables(console, result: dict[str, Any]) -> None:
         n = result["crossover_nodes"]
         console.print(f"TreeWY's verify costs more than store_all's from N = {n}" if n else
                       "TreeWY's verify stays cheaper than store_all's at every N measured")
+    forks = (result.get("forks") or {}).get("rows") or []
+    if forks:
+        t = make_table(f"store_all's forks: node by node vs depth by depth ({result['device']}, one layer); forks = "
+                       f"verify - verify without snapshot writes; per step = x {L} GDN layers, against the measured "
+                       "35B store_all step nearest in batch", ["draft", "batch", "fork", "verify us", "no-snapshot us",
+                                                               "forks us", "GB/s", "forks/step ms", "step ms",
+                                                               "% of step"], left=3)
+        for r in forks:
+            t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["fork"], f"{1e6 * r['verify_s']:.1f}",
+                      f"{1e6 * r['verify_nostore_s']:.1f}", f"{1e6 * r['fork_s']:.1f}",
+                      "-" if not r["fork_bandwidth"] else f"{r['fork_bandwidth'] / 1e9:,.0f}",
+                      f"{1e3 * r['fork_step_s']:.2f}", f"{1e3 * r['step_s']:.1f} (B~{r['step_running']:.0f})",
+                      f"{100 * r['fork_fraction_of_step']:.1f}")
+        console.print(t)
     for f in result.get("failed", []):
         console.print(f"[red]not measured[/]: {f['strategy']} {f['draft']} batch {f['batch']}: {f['reason']} "
                       "(rerun the same command to retry)")

@@ -36,6 +36,12 @@ def _tree_meta(tree: DraftTree, device: str) -> tuple[torch.Tensor, torch.Tensor
     return anc, par
 
 
+@lru_cache(maxsize=256)
+def _levels(tree: DraftTree, device: str) -> tuple[torch.Tensor, ...]:
+    """The node indices of each depth (``tree.levels``) as int32 tensors on ``device``, made once per tree."""
+    return tuple(torch.tensor(level, dtype=torch.int32, device=device) for level in tree.levels)
+
+
 def _check_dtype(x: torch.Tensor, name: str) -> None:
     if x.dtype not in KERNEL_DTYPES:
         raise ValueError(f"strategy={name} (Triton): dtype {x.dtype}; the kernels compute in float32 from "
@@ -175,10 +181,16 @@ class Snapshots:
 
 class StoreAllKernel(Tiling, store_all_mod.StoreAll):
     """``store_all`` on Triton: verify writes a snapshot per node into ``N + 1`` slots per request
-    (one more than vLLM's ``1 + k`` pages, so a step that accepts nothing keeps its state in place)."""
+    (one more than vLLM's ``1 + k`` pages, so a step that accepts nothing keeps its state in place).
 
-    def __init__(self, block_v: int = 64, num_warps: int = 4):
+    ``fork``: ``node`` (:func:`.triton_kernels.store_all_verify`, one launch, each program walks the nodes in
+    preorder) or ``depth`` (:func:`.triton_kernels.store_all_level`, one launch per depth, a program per node
+    of it). ``store=False`` writes no snapshot: wrong states, for timing what the forks cost."""
+
+    def __init__(self, block_v: int = 64, num_warps: int = 4, fork: str = "node", store: bool = True):
         Tiling.__init__(self, block_v, num_warps)
+        store_all_mod.StoreAll.__init__(self, fork)
+        self.store = bool(store)
 
     def start(self, state: torch.Tensor) -> Snapshots:
         return Snapshots(state)
@@ -209,11 +221,17 @@ class StoreAllKernel(Tiling, store_all_mod.StoreAll):
             skip = torch.full((s.B,), NO_SKIP, dtype=torch.int32, device=dev)
             h0_slot = torch.full((s.B,), s.N, dtype=torch.int32, device=dev)
         o = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=dev)
-        tk.store_all_verify[self.grid(s)](
-            base, src, slot, src.shape[1] if src.dim() == 5 else 1, dst, skip, dst.shape[1],
-            q, k, v, g, beta, par, o, scale, s.N, H=s.H, HV=s.HV, K=s.K, V=s.V,
-            BK=tk.next_pow2(s.K), BV=self.bv(s), IS_CHAIN=tree.is_chain, WRITE_BASE=not in_place,
-            num_warps=self.num_warps)
+        common = (base, src, slot, src.shape[1] if src.dim() == 5 else 1, dst, skip, dst.shape[1], q, k, v, g, beta,
+                  par)
+        consts = dict(H=s.H, HV=s.HV, K=s.K, V=s.V, BK=tk.next_pow2(s.K), BV=self.bv(s), STORE=self.store,
+                      num_warps=self.num_warps)
+        if self.fork == "node" or tree.is_chain:      # a chain's depths are its nodes: one launch walks them
+            tk.store_all_verify[self.grid(s)](*common, o, scale, s.N, IS_CHAIN=tree.is_chain,
+                                              WRITE_BASE=not in_place, **consts)
+        else:
+            for d, nodes in enumerate(_levels(tree, str(dev))):
+                tk.store_all_level[(*self.grid(s), nodes.numel())](*common, nodes, o, scale, s.N,
+                                                                     WRITE_BASE=not in_place and d == 0, **consts)
         return Verified(o.to(q.dtype), tree, s, {"states": dst, "skip": skip, "h0_slot": h0_slot,
                                                  "base": base})
 

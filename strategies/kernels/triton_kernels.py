@@ -227,14 +227,17 @@ def rebuild(h0, out, k, u, G, par, end, M,
 @triton.jit
 def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, beta, par, o, scale, N,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     BK: tl.constexpr, BV: tl.constexpr, IS_CHAIN: tl.constexpr, WRITE_BASE: tl.constexpr):
-    """vLLM's store_all: a state snapshot per node, each from its parent's.
+                     BK: tl.constexpr, BV: tl.constexpr, IS_CHAIN: tl.constexpr, WRITE_BASE: tl.constexpr,
+                     STORE: tl.constexpr):
+    """vLLM's store_all, node by node (``fork: node``): a state snapshot per node, each from its parent's.
 
     The committed state is ``states[b, slot[b]]`` (``base[b]`` where slot < 0), both
     ``[B, S_src, HV, K, V]``/``[B, HV, K, V]``. Node t's state goes to ``dst[b, t + (t >= skip[b])]``
     (``[B, S_dst, HV, K, V]``): writing in place skips the committed state's own slot, so it
     survives a step that accepts nothing. ``WRITE_BASE`` also copies it to slot ``N`` (a fresh dst).
-    A chain keeps the running state in registers; a tree reads each parent's snapshot back.
+    A chain keeps the running state in registers; a tree reads each parent's snapshot back, so one
+    program walks all N nodes of its tile in turn. ``STORE=False`` writes no snapshot (wrong states:
+    the benchmark's measure of what the forks cost).
     """
     # 64-bit: snapshot offsets pass 2^31 elements (256 requests x 65 slots)
     i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, True)
@@ -256,11 +259,47 @@ def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, be
             h = tl.where(p >= 0, hp.to(tl.float32), h0)
         r = b * N + t
         h, u, ot = _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv, H, HV, K, V)
-        ts = t + (t >= sk).to(tl.int32)
-        tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
+        if STORE:
+            ts = t + (t >= sk).to(tl.int32)
+            tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
         tl.store(o + (r * HV + hv) * V + ov, ot, mask=mv)
         if not IS_CHAIN:
             tl.debug_barrier()   # the next node may read this snapshot back
+
+
+@triton.jit
+def store_all_level(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, beta, par, nodes, o, scale, N,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr, WRITE_BASE: tl.constexpr, STORE: tl.constexpr):
+    """store_all's verify of one tree depth (``fork: depth``): every node of the depth at once, each from its
+    parent's snapshot (written by the previous depth's launch) or, at depth 0, from the committed state.
+
+    Grid ``(B·HV, cdiv(V, BV), len(nodes))``: program ``(·, ·, j)`` runs node ``nodes[j]``, one token of the
+    recurrence on one state tile; one launch per depth, so the depths are ordered by the launches and no
+    program waits on another. Slots, ``skip`` and ``WRITE_BASE`` (done by the depth's first node) as in
+    :func:`store_all_verify`; ``STORE=False`` writes no snapshot (timing only)."""
+    i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, True)
+    t = tl.load(nodes + tl.program_id(2))
+    m2 = mk[:, None] & mv[None, :]
+    tile = ok[:, None] * V + ov[None, :]
+    sk = tl.load(skip + b)
+    p = tl.load(par + t)
+    if p >= 0:
+        ps = p + (p >= sk).to(tl.int32)
+        h = tl.load(dst + ((b * S_dst + ps) * HV + hv) * K * V + tile, mask=m2, other=0.).to(tl.float32)
+    else:
+        sl = tl.load(slot + b)
+        src = tl.where(sl >= 0, states + ((b * S_src + sl) * HV + hv) * K * V, base + i_bh * K * V)
+        h = tl.load(src + tile, mask=m2, other=0.).to(tl.float32)
+        if WRITE_BASE:
+            if tl.program_id(2) == 0:
+                tl.store(dst + ((b * S_dst + N) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
+    r = b * N + t
+    h, u, ot = _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv, H, HV, K, V)
+    if STORE:
+        ts = t + (t >= sk).to(tl.int32)
+        tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
+    tl.store(o + (r * HV + hv) * V + ov, ot, mask=mv)
 
 
 @triton.jit
