@@ -1,7 +1,8 @@
 """State-commit strategies for speculative decoding on Gated DeltaNet layers.
 
 Engine-independent PyTorch: the literal recurrence (the oracle), ``store_all``,
-``replay``, ``treewy`` and ``treewy_deferred`` behind one interface, and the memory
+``replay``, ``treewy``, ``treewy_deferred`` and the fork/checkpoint refinements ``store_selective`` and
+``store_delta`` behind one interface, and the memory
 accounting of each. A leaf package: it imports nothing from the rest of CommitBench.
 """
 
@@ -11,7 +12,7 @@ from .memory import GDNShape, MiB, StateMemory, as_dtype, dtype_bytes
 from .recurrence import accepted_state, delta_rule_step, tree_recurrence
 from .tree import DraftTree
 
-from . import store_all, replay, treewy, treewy_deferred  # noqa: E402,F401  (register)
+from . import store_all, replay, treewy, treewy_deferred, store_selective, store_delta  # noqa: E402,F401  (register)
 
 __all__ = [
     "DraftTree", "GDNShape", "History", "MiB", "StateMemory", "Strategy", "Verified",

@@ -3,7 +3,7 @@
 One speculative step, for a batch that shares a draft shape::
 
     carry = strategy.start(state)                  # state [B, HV, K, V]
-    ver = strategy.verify(carry, q, k, v, g, beta, tree)
+    ver = strategy.verify(carry, q, k, v, g, beta, tree[, confidence=c])   # c [B, N]: selective strategies
     ver.o                                          # [B, N, HV, V], every node's output
     carry = strategy.commit(carry, ver, accepted)  # accepted[b]: last accepted node, -1 = none
     strategy.materialize(carry)                    # the committed state [B, HV, K, V]
@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .inputs import StepShape, check_accepted, check_step
+from .inputs import StepShape, check_accepted, check_confidence, check_step
 from .memory import GDNShape, StateMemory, account
 from .tree import DraftTree
 
@@ -48,6 +48,9 @@ class Strategy(ABC):
     mixed_dtypes: bool = False
     #: The keyword options a run's settings may set (:func:`configured` takes them from those settings).
     options: tuple[str, ...] = ()
+    #: True when verify needs each node's draft confidence (``confidence [B, N]``, the drafter's probability of
+    #: the node's token given its parent): what a selective strategy decides its checkpoints by.
+    uses_confidence: bool = False
 
     # -- the contract -------------------------------------------------------
     @abstractmethod
@@ -56,11 +59,13 @@ class Strategy(ABC):
 
     def verify(self, carry: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                g: torch.Tensor, beta: torch.Tensor, tree: DraftTree,
-               scale: float | None = None) -> Verified:
+               scale: float | None = None, confidence: torch.Tensor | None = None) -> Verified:
         """Outputs of every node of ``tree`` from the committed state in ``carry``.
 
         q, k ``[B, N, H, K]`` (L2-normalised), v ``[B, N, HV, V]``, g (log decay) and
-        beta ``[B, N, HV]``; ``scale`` defaults to ``K ** -0.5``.
+        beta ``[B, N, HV]``; ``scale`` defaults to ``K ** -0.5``. ``confidence [B, N]`` in [0, 1]: each
+        node's draft probability (1 for the engine's root), which only a strategy that ``uses_confidence``
+        reads (the others ignore it) and which such a strategy cannot do without.
         """
         if not self.supports_trees and not tree.is_chain:
             raise ValueError(f"strategy={self.name}: needs a chain, got a branching {tree.describe()}; "
@@ -68,7 +73,14 @@ class Strategy(ABC):
                              "Use treewy or treewy_deferred for trees")
         s = check_step(self._base(carry), q, k, v, g, beta, tree, same_dtype=not self.mixed_dtypes)
         scale = s.K ** -0.5 if scale is None else float(scale)
-        return self._verify(carry, q, k, v, g, beta, tree, s, scale)
+        if not self.uses_confidence:
+            return self._verify(carry, q, k, v, g, beta, tree, s, scale)
+        if confidence is None:
+            raise ValueError(f"strategy={self.name}: decides its checkpoints by each node's draft confidence; "
+                             "pass confidence=[B, N] (the drafter's probability of each node's token, 1 for the "
+                             "root) to verify")
+        conf = check_confidence(confidence, s.B, s.N).to(q.device)
+        return self._verify(carry, q, k, v, g, beta, tree, s, scale, confidence=conf)
 
     def commit(self, carry: Any, verified: Verified, accepted) -> Any:
         """Advance the carry to each request's last accepted node (-1: none)."""
@@ -86,6 +98,12 @@ class Strategy(ABC):
         pages, stash = self.footprint(tree)
         return account(self.name, shape, tree, state_pages=pages, stash_tokens=stash,
                        state_dtype=state_dtype, stash_dtype=stash_dtype, conv_dtype=conv_dtype)
+
+    def held_memory(self, shape: GDNShape, tree: DraftTree, state_dtype="bfloat16",
+                    stash_dtype=None, conv_dtype="bfloat16") -> StateMemory:
+        """Bytes of GDN state one request actually holds while verifying ``tree``, where that differs from what it
+        must reserve (:meth:`memory`): a selective strategy's expected checkpoints, a compressed one's encoding."""
+        return self.memory(shape, tree, state_dtype, stash_dtype, conv_dtype)
 
     def step_traffic(self, tree: DraftTree, state_bytes: float, token_stash_bytes: float,
                      mean_tokens: float) -> float:
@@ -149,7 +167,7 @@ def register(name: str):
 
 
 #: Display order: the baseline first, then as ARCHITECTURE.md's table lists them.
-_ORDER = ("store_all", "replay", "treewy", "treewy_deferred")
+_ORDER = ("store_all", "replay", "treewy", "treewy_deferred", "store_selective", "store_delta")
 
 
 def names() -> list[str]:

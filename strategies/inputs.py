@@ -82,6 +82,21 @@ def check_accepted(accepted, B: int, N: int) -> torch.Tensor:
     return acc
 
 
+def check_confidence(confidence, B: int, N: int) -> torch.Tensor:
+    """Each node's draft confidence, ``[B, N]`` in [0, 1] (a probability); returns it as float64."""
+    c = torch.as_tensor(confidence)
+    if not c.dtype.is_floating_point:
+        raise ValueError(f"confidence: dtype {c.dtype}; pass each node's draft probability as floats in [0, 1]")
+    if tuple(c.shape) != (B, N):
+        raise ValueError(f"confidence: shape {tuple(c.shape)}; expected ({B}, {N}), one probability per request "
+                         "and node")
+    bad = ~((c >= 0) & (c <= 1))                    # NaN fails both
+    if bad.any():
+        b, t = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"confidence[{b}, {t}]={float(c[b, t])}: a draft probability must be in [0, 1]")
+    return c.double()
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Arithmetic stays in the input dtype; half types go through float32 because
     CPU linear algebra (triangular solve) has no bf16/fp16 kernels."""

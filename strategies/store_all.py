@@ -33,30 +33,33 @@ def check_fork(fork: str, name: str = "store_all") -> str:
 
 
 def fork_states(h0: torch.Tensor, qh: torch.Tensor, kh: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                beta: torch.Tensor, tree: DraftTree, scale: float, fork: str) -> tuple[torch.Tensor, torch.Tensor]:
+                beta: torch.Tensor, tree: DraftTree, scale: float,
+                fork: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every node's state and output, each forked from its parent's (``fork``: ``node`` or ``depth`` order).
 
     h0 ``[B, HV, K, V]``; qh, kh ``[B, N, HV, K]`` (expanded to value heads); v ``[B, N, HV, V]``; g, beta
-    ``[B, N, HV]``. Returns ``states [B, N, HV, K, V]`` and ``o [B, N, HV, V]`` in h0's dtype."""
+    ``[B, N, HV]``. Returns ``states [B, N, HV, K, V]``, ``o [B, N, HV, V]`` and the pseudo-values ``u [B, N, HV,
+    V]`` (``states[t] = e^{g_t} states[parent] + k_t ⊗ u_t``) in h0's dtype."""
     B, N, HV, K = kh.shape
     states = h0.new_empty(B, N, HV, K, h0.shape[-1])
     o = h0.new_empty(B, N, HV, h0.shape[-1])
+    u = h0.new_empty(B, N, HV, h0.shape[-1])
     if fork == "node":
         for t, p in enumerate(tree.parents):
-            h, _ = delta_rule_step(h0 if p < 0 else states[:, p], kh[:, t], v[:, t], g[:, t], beta[:, t])
+            h, u[:, t] = delta_rule_step(h0 if p < 0 else states[:, p], kh[:, t], v[:, t], g[:, t], beta[:, t])
             states[:, t] = h
             o[:, t] = scale * torch.einsum("bhkv,bhk->bhv", h, qh[:, t])
-        return states, o
+        return states, o, u
     parents = torch.tensor(tree.parents, device=h0.device)
     for level in tree.levels:
         idx = torch.tensor(level, device=h0.device)
         par = parents[idx]
         # Depth-0 nodes hang under the committed state, deeper ones under a snapshot.
         h_p = h0[:, None].expand(-1, len(level), -1, -1, -1) if par[0] < 0 else states[:, par]
-        h, _ = delta_rule_step(h_p, kh[:, idx], v[:, idx], g[:, idx], beta[:, idx])
+        h, u[:, idx] = delta_rule_step(h_p, kh[:, idx], v[:, idx], g[:, idx], beta[:, idx])
         states[:, idx] = h
         o[:, idx] = scale * torch.einsum("bnhkv,bnhk->bnhv", h, qh[:, idx])
-    return states, o
+    return states, o, u
 
 
 @register("store_all")
@@ -71,7 +74,7 @@ class StoreAll(CommittedState):
 
     def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         dt = compute_dtype(carry.dtype)
-        states, o = fork_states(carry.to(dt), expand_heads(q, s.HV).to(dt), expand_heads(k, s.HV).to(dt),
+        states, o, _ = fork_states(carry.to(dt), expand_heads(q, s.HV).to(dt), expand_heads(k, s.HV).to(dt),
                                 v.to(dt), g.to(dt), beta.to(dt), tree, scale, self.fork)
         return Verified(o.to(carry.dtype), tree, s, {"states": states.to(carry.dtype)})
 

@@ -40,6 +40,31 @@ def make_step(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 8, 
     return tuple(t.to(dtype) for t in (state, q, k, v, g, beta))
 
 
+class WithConfidence:
+    """A strategy that decides its checkpoints by draft confidence, given seeded confidences in [0.9, 1] when a
+    test passes none (about half above store_selective's 0.95: checkpoints kept and skipped, recoveries done);
+    everything else is the strategy's."""
+
+    def __init__(self, strat, seed: int = 0):
+        self.strat, self.gen = strat, torch.Generator().manual_seed(seed)
+
+    def __getattr__(self, name):
+        return getattr(self.strat, name)
+
+    def verify(self, carry, q, k, v, g, beta, tree, scale=None, confidence=None):
+        if confidence is None:
+            confidence = 0.9 + 0.1 * torch.rand(q.shape[0], q.shape[1], generator=self.gen, dtype=torch.float64)
+        return self.strat.verify(carry, q, k, v, g, beta, tree, scale=scale, confidence=confidence)
+
+
+def strategy(name: str, seed: int = 0, **options):
+    """``strategies.get(name, **options)``, with seeded draft confidences for a strategy that needs them."""
+    import strategies
+
+    strat = strategies.get(name, **options)
+    return WithConfidence(strat, seed) if strat.uses_confidence else strat
+
+
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """max |x - ref| / max |ref| (computed in float64); inf where either holds a NaN or an inf, so that
     ``max(worst, rel_err(...))``, which drops a NaN, cannot pass a comparison that checked nothing."""

@@ -8,7 +8,7 @@ import torch
 import strategies
 from strategies import DraftTree, accepted_state, tree_recurrence
 
-from conftest import make_step, rel_err
+from conftest import make_step, rel_err, strategy
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 
@@ -31,7 +31,7 @@ def get(name: str, tree: DraftTree):
     # Replay stages the whole draft in its buffer: give long chains the room they need.
     if name in ("replay", "treewy_deferred"):
         return strategies.get(name, buffer_len=max(16, tree.num_nodes))
-    return strategies.get(name)
+    return strategy(name)
 
 
 CASES = [(n, s) for s in SHAPES for n in strategies.names() if applicable(n, SHAPES[s])]
@@ -145,8 +145,8 @@ def test_grouped_value_heads_read_their_key_head():
     assert rel_err(o, o_exp) < 1e-15
     o_wrong, _ = tree_recurrence(state, q.repeat(1, 1, 2, 1), k.repeat(1, 1, 2, 1), v, g, beta, tree)
     assert rel_err(o, o_wrong) > 1e-3
-    for name in ("store_all", "treewy", "treewy_deferred"):
-        strat = strategies.get(name)
+    for name in ("store_all", "treewy", "treewy_deferred", "store_selective", "store_delta"):
+        strat = strategy(name)
         assert rel_err(strat.verify(strat.start(state), q, k, v, g, beta, tree).o, o_exp) < 1e-12
 
 
@@ -156,8 +156,8 @@ def test_rows_commit_independently():
     state, q, k, v, g, beta = make_step(tree, B=4, seed=9)
     _, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
     accepted = torch.tensor([38, -1, 0, 14])
-    for name in ("store_all", "treewy", "treewy_deferred"):
-        strat = strategies.get(name)
+    for name in ("store_all", "treewy", "treewy_deferred", "store_selective", "store_delta"):
+        strat = strategy(name)
         carry = strat.commit(strat.start(state), strat.verify(strat.start(state), q, k, v, g, beta, tree), accepted)
         got = strat.materialize(carry)
         assert rel_err(got, accepted_state(state, states_ref, accepted)) < 1e-12
@@ -179,7 +179,7 @@ def test_bfloat16_runs_and_stays_close():
     args = make_step(tree, B=2, seed=4)
     o_ref, _ = tree_recurrence(*args, tree)
     for name in strategies.names():
-        strat = strategies.get(name)
+        strat = strategy(name)
         bf = [a.bfloat16() for a in args]
         ver = strat.verify(strat.start(bf[0]), *bf[1:], tree)
         assert ver.o.dtype == torch.bfloat16
@@ -196,7 +196,7 @@ def _args(tree, **kw):
 def test_shape_mismatch_names_the_tensor(name):
     tree = DraftTree.chain(3)
     state, q, k, v, g, beta = _args(tree)
-    strat = strategies.get(name)
+    strat = strategy(name)
     with pytest.raises(ValueError, match=r"v: shape \(2, 3, 4, 5\); expected \(2, 3, 4, 6\)"):
         strat.verify(strat.start(state), q, k, v[..., :5], g, beta, tree)
     with pytest.raises(ValueError, match=r"beta: shape"):
@@ -226,7 +226,7 @@ def test_value_heads_must_be_a_multiple_of_key_heads():
 def test_accepted_out_of_range(name, accepted, match):
     tree = DraftTree.chain(3)
     state, q, k, v, g, beta = _args(tree)
-    strat = strategies.get(name)
+    strat = strategy(name)
     ver = strat.verify(strat.start(state), q, k, v, g, beta, tree)
     with pytest.raises(ValueError, match=match):
         strat.commit(strat.start(state), ver, torch.tensor(accepted))

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 import strategies
 from strategies import DraftTree, accepted_state, tree_recurrence
 
-from conftest import make_step, rel_err
+from conftest import make_step, rel_err, strategy
 
 
 @st.composite
@@ -37,7 +37,7 @@ def test_random_trees_match_the_literal_recurrence(tree, group, B, seed, data):
     accepted = torch.tensor(data.draw(st.lists(st.integers(-1, tree.num_nodes - 1), min_size=B, max_size=B)))
     want = accepted_state(state, states_ref, accepted)
     for name in strategies.names():
-        strat = strategies.get(name, **({"buffer_len": 32} if name in ("replay", "treewy_deferred") else {}))
+        strat = strategy(name, seed, **({"buffer_len": 32} if name in ("replay", "treewy_deferred") else {}))
         if not strat.supports_trees and not tree.is_chain:
             continue
         ver = strat.verify(strat.start(state), q, k, v, g, beta, tree)
@@ -55,8 +55,8 @@ def test_real_head_dims_in_float32(widths, seed):
                                         seed=seed, state_scale=0.1)
     o_ref, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
     accepted = torch.tensor([tree.num_nodes - 1, 0])
-    for name in ("store_all", "treewy", "treewy_deferred"):
-        strat = strategies.get(name)
+    for name in ("store_all", "treewy", "treewy_deferred", "store_selective", "store_delta"):
+        strat = strategy(name, seed)
         ver = strat.verify(strat.start(state), q, k, v, g, beta, tree)
         assert rel_err(ver.o, o_ref) <= 1e-5, name
         got = strat.materialize(strat.commit(strat.start(state), ver, accepted))

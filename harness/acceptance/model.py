@@ -132,9 +132,12 @@ class TinyHybrid:
             cache.gdn = [saved.start(s) for s in cache.gdn]
         return logits[-1], cache
 
-    def verify(self, cache: Cache, tokens: list[int], tree: DraftTree) -> torch.Tensor:
-        """Logits of every node of ``tree`` (its tokens in ``tokens``); the step waits for ``commit``."""
+    def verify(self, cache: Cache, tokens: list[int], tree: DraftTree,
+               confidence: list[float] | None = None) -> torch.Tensor:
+        """Logits of every node of ``tree`` (its tokens in ``tokens``); the step waits for ``commit``.
+        ``confidence``: each node's draft probability, for a strategy that decides its checkpoints by it."""
         cfg, p = self.cfg, self.p
+        conf = None if confidence is None else torch.tensor([confidence], dtype=torch.float64)
         x = p["embed"][torch.tensor(tokens)]
         pend: dict[str, Any] = {"tree": tree, "tokens": list(tokens), "gdn": [], "conv_in": [], "kv": []}
         gi = ai = 0
@@ -143,7 +146,7 @@ class TinyHybrid:
             pre = f"l{i}."
             h = rms_norm(x)
             if kind == "gdn":
-                out, state = self._gdn(cache, gi, pre, h, tree)
+                out, state = self._gdn(cache, gi, pre, h, tree, conf)
                 pend["gdn"].append(state[0])
                 pend["conv_in"].append(state[1])
                 gi += 1
@@ -182,7 +185,8 @@ class TinyHybrid:
         cache.pending = None
 
     # -- layers ------------------------------------------------------------------------
-    def _gdn(self, cache: Cache, j: int, pre: str, h: torch.Tensor, tree: DraftTree):
+    def _gdn(self, cache: Cache, j: int, pre: str, h: torch.Tensor, tree: DraftTree,
+             confidence: torch.Tensor | None = None):
         cfg, p = self.cfg, self.p
         H, HV, K, V = cfg.key_heads, cfg.value_heads, cfg.head_k, cfg.head_v
         N = tree.num_nodes
@@ -205,7 +209,7 @@ class TinyHybrid:
             o, states = tree_recurrence(cache.gdn[j].to(wide), *[t.to(wide) for t in args], tree)
             o, keep = o.to(self.dtype), states.to(self.dtype)
         else:
-            ver = cache.strategy.verify(cache.gdn[j], *args, tree)
+            ver = cache.strategy.verify(cache.gdn[j], *args, tree, confidence=confidence)
             o, keep = ver.o, ver
         z = h @ p[pre + "z"].T
         o = rms_norm(o[0]) * F.silu(z.reshape(N, HV, V))            # gated RMSNorm per head

@@ -26,6 +26,7 @@ class Decode:
     tops: list[list[float]] = field(default_factory=list)      # the top logit of each choice per step
     nodes: list[int] = field(default_factory=list)             # the tree node committed per step
     emitted: list[list[int]] = field(default_factory=list)     # the tokens each step appended (path + bonus)
+    confidences: list[list[float]] = field(default_factory=list)   # each step's drafts' probabilities (preorder)
 
     @property
     def mean_length(self) -> float:
@@ -58,14 +59,22 @@ def greedy(model: TinyHybrid, prompt: list[int], n_new: int) -> Decode:
 
 class Drafter:
     """Drafts a tree of given widths by running a (noisy) copy of the target along every branch.
-    Memoised on the context, so every strategy and dtype sees the same drafts for the same context."""
+    Memoised on the context, so every strategy and dtype sees the same drafts for the same context.
+
+    Each draft's confidence is the drafter's softmax probability of its token given its parent (what a selective
+    strategy decides its checkpoints by). Here it reflects only how far the drafter's weights are from the
+    target's (``drafter_noise``) and the tiny model's logit scale, not any trained drafter's calibration."""
 
     def __init__(self, model: TinyHybrid):
         self.model = model
-        self.memo: dict[tuple, list[int]] = {}
+        self.memo: dict[tuple, tuple[list[int], list[float]]] = {}
         self._prefixes: dict[tuple, Cache] = {}   # committed drafter caches, to extend instead of re-prefill
 
     def draft(self, context: list[int], widths: tuple[int, ...]) -> list[int]:
+        return self.draft_with_confidence(context, widths)[0]
+
+    def draft_with_confidence(self, context: list[int], widths: tuple[int, ...]) -> tuple[list[int], list[float]]:
+        """The drafts in DFS preorder and each one's probability under the drafter."""
         key = (tuple(context), widths)
         if key not in self.memo:
             if len(context) < 2:
@@ -74,8 +83,9 @@ class Drafter:
             cache = copy.deepcopy(cache)
             logits = self._step(cache, context[-1])
             out: list[int] = []
-            self._expand(cache, logits, widths, 0, out)
-            self.memo[key] = out
+            conf: list[float] = []
+            self._expand(cache, logits, widths, 0, out, conf)
+            self.memo[key] = (out, conf)
         return self.memo[key]
 
     def _cache_for(self, prefix: tuple) -> Cache:
@@ -98,12 +108,15 @@ class Drafter:
         self.model.commit(cache, 0)
         return logits[0]
 
-    def _expand(self, cache: Cache, logits: torch.Tensor, widths, depth: int, out: list[int]) -> None:
+    def _expand(self, cache: Cache, logits: torch.Tensor, widths, depth: int, out: list[int],
+                conf: list[float]) -> None:
+        probs = logits.double().softmax(-1)
         for tok in logits.topk(widths[depth]).indices.tolist():
             out.append(tok)
+            conf.append(float(probs[tok]))
             if depth + 1 < len(widths):
                 child = copy.deepcopy(cache)
-                self._expand(child, self._step(child, tok), widths, depth + 1, out)
+                self._expand(child, self._step(child, tok), widths, depth + 1, out, conf)
 
 
 def speculative(model: TinyHybrid, drafter: Drafter, prompt: list[int], n_new: int, widths: tuple[int, ...],
@@ -121,8 +134,10 @@ def speculative(model: TinyHybrid, drafter: Drafter, prompt: list[int], n_new: i
     out = Decode([follow.tokens[0] if follow else root])
     root = out.tokens[0]
     while len(out.tokens) < n_new and (follow is None or len(out.accepted) < len(follow.accepted)):
-        nodes = [root] + drafter.draft(prompt + out.tokens, widths)
-        lg = model.verify(cache, nodes, tree)
+        drafts, conf = drafter.draft_with_confidence(prompt + out.tokens, widths)
+        nodes = [root] + drafts
+        out.confidences.append(conf)
+        lg = model.verify(cache, nodes, tree, confidence=[1.0] + conf)     # the root: sampled, accepted
         node, path, margins, tops = 0, [], [], []
         while True:
             best, margin = _top2(lg[node])

@@ -38,7 +38,7 @@ from workloads import Arrival, Request
 from ...telemetry import PERCENTILES
 from ..base import Point, PointResult, register_engine
 from . import host_state, loadgen, scrape
-from .plugin import ENV_KERNELS, STRATEGIES, needs_piecewise
+from .plugin import ENV_KERNELS, SAVES_NOTHING, STRATEGIES, needs_piecewise
 from .server import ServerFailed, ServerSettings, VLLMServer, server_tags
 
 DEFAULT_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commitbench" / "models"
@@ -144,6 +144,8 @@ class VLLMEngine:
         store_all and the strategies with a paged stash layout in vLLM's state pool."""
         if name in STRATEGIES:
             return None
+        if name in SAVES_NOTHING:
+            return SAVES_NOTHING[name]
         return (f"vLLM runs {', '.join(STRATEGIES)} (the plugin needs a paged stash layout in vLLM's state pool, "
                 f"strategies/paged.py, which {name} does not have); run it with engine=sim, or in `memory`, "
                 "`bench strategies` and the acceptance gate")

@@ -84,6 +84,15 @@ ENV_ALGO = "COMMITBENCH_PAGED_ALGO"
 ENV_LAUNCH = "COMMITBENCH_PAGED_LAUNCH"
 # What the plugin runs: vLLM's own store_all, and the strategies with a paged stash layout (strategies/paged.py)
 STRATEGIES = ("store_all", *PAGED)
+# Strategies vLLM could host but that would change nothing there: its planner gives every request 1 + k whole
+# GDN pages (num_speculative_blocks) whatever a step checkpoints, so skipping or compressing checkpoints frees no
+# memory and the step would measure only the glue. Refused by name, with where they are measured.
+SAVES_NOTHING = {
+    name: (f"vLLM's planner reserves 1 + k whole GDN state pages per request (num_speculative_blocks), so "
+           f"{what} frees no memory there and the plugin does not run it; measure it with engine=sim, `python -m "
+           "harness memory`, `bench strategies`, `bench kernels` and `check-acceptance`")
+    for name, what in (("store_selective", "skipping the checkpoints of confident drafts"),
+                       ("store_delta", "storing checkpoints as compressed deltas"))}
 
 log = logging.getLogger("commitbench.plugin")
 _installed: set[str] = set()
@@ -93,6 +102,8 @@ _current_layer: contextvars.ContextVar[Any] = contextvars.ContextVar("commitbenc
 def selected() -> tuple[str, int]:
     """The strategy named by the environment ('' when none) and the buffer length; clear errors."""
     name = os.environ.get(ENV_STRATEGY, "").strip()
+    if name in SAVES_NOTHING:
+        raise ValueError(f"{ENV_STRATEGY}={name}: {SAVES_NOTHING[name]}")
     if name and name not in STRATEGIES:
         raise ValueError(f"{ENV_STRATEGY}={name!r}: unknown; use one of {', '.join(STRATEGIES)} (or unset it)")
     raw = os.environ.get(ENV_BUFFER_LEN, "").strip() or str(DEFAULT_BUFFER_LEN)   # unset: the strategies' own
