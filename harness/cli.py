@@ -48,6 +48,10 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
      "the acceptance gate inside vLLM on the trained model: every strategy against store_all, speculation off "
      "and the torch reference (exit status = verdict)",
      "harness.acceptance.cli:vllm_gate", ()),
+    (("checkpoints",), "checkpoints",
+     "the fork/checkpoint write-up's claims on real states and drafts: draft confidences, selective fork's skipped "
+     "checkpoints and recoveries, delta checkpoints' compression per GDN layer (CPU, ~5 min)",
+     "harness.checkpoints:run", ()),
     (("memory",), "memory",
      "speculative GDN state per request for each strategy and draft shape (model=..., drafts=...)",
      "harness.memory_table:run", ()),

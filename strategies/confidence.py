@@ -44,6 +44,19 @@ class ConfidenceProfile:
                              "harness checkpoints`), which its expected memory and traffic come from")
         return _load(str(path))
 
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], path: str = "(in memory)") -> "ConfidenceProfile":
+        """A profile from its JSON document (the module docstring's layout)."""
+        try:
+            steps = tuple((tuple(float(c) for c in s["confidence"]), int(s["accepted"])) for s in doc["steps"])
+            ranks = {int(r): tuple(float(x) for x in v) for r, v in (doc.get("ranks") or {}).items()}
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"strategies.store_selective.confidences={path}: not a confidence profile ({e}); it "
+                             "needs 'steps': [{'confidence': [...], 'accepted': n}, ...]") from None
+        if not steps or any(not c for c, _ in steps):
+            raise ValueError(f"strategies.store_selective.confidences={path}: no steps with confidences in it")
+        return cls(path=path, drafter=str(doc.get("drafter", "?")), steps=steps, ranks=ranks)
+
     @property
     def depth(self) -> int:
         """Draft depths the profile measured (the chain's k)."""
@@ -89,6 +102,42 @@ class ConfidenceProfile:
         hit = [r for r in rec if r > 0]
         return {"probability": len(hit) / len(rec), "tokens": sum(hit) / len(hit) if hit else 0.0}
 
+    def sample(self, tree: DraftTree, B: int, gen) -> "torch.Tensor":
+        """Confidences ``[B, N]`` for benchmarks and the like: per request one measured step's, by depth, on each
+        parent's top child (depths past the profile's take its deepest); a lower-ranked child draws from the
+        profile's ``ranks`` or, without them, uniformly in [0, 1/2] (its bound); the engine's root has 1."""
+        return self.sample_steps(tree, B, gen)[0]
+
+    def sample_steps(self, tree: DraftTree, B: int, gen) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """:meth:`sample`'s confidences and, from the same measured steps, each request's last accepted node
+        ``[B]``: the step's accepted drafts taken down the top-ranked children (-1: none, on a tree without root)."""
+        import torch
+
+        out = torch.empty(B, tree.num_nodes, dtype=torch.float64)
+        accepted = torch.empty(B, dtype=torch.long)
+        for b in range(B):
+            conf, a = self.steps[int(torch.randint(len(self.steps), (), generator=gen))]
+            node = 0 if tree.has_root else -1
+            for _ in range(a):
+                kids = tree.children(node)
+                if not kids:
+                    break
+                node = kids[0]
+            accepted[b] = node
+            for t, p in enumerate(tree.parents):
+                if tree.has_root and t == 0:
+                    out[b, t] = 1.0
+                    continue
+                rank = [c for c, q in enumerate(tree.parents) if q == p].index(t)
+                if rank == 0:
+                    out[b, t] = conf[min(tree.depths[t] - int(tree.has_root), len(conf) - 1)]
+                elif self.ranks.get(rank):
+                    pool = self.ranks[rank]
+                    out[b, t] = pool[int(torch.randint(len(pool), (), generator=gen))]
+                else:
+                    out[b, t] = 0.5 * float(torch.rand((), generator=gen))
+        return out, accepted
+
     def summary(self, threshold: float) -> dict[str, Any]:
         """The fraction of drafts above ``threshold``, overall and per depth (the profile's chain)."""
         per = [sum(c[d] > threshold for c, _ in self.steps) / len(self.steps) for d in range(self.depth)]
@@ -105,11 +154,6 @@ def _load(path: str) -> ConfidenceProfile:
                          "harness checkpoints` or point it at results/fork-checkpoint/confidences/*.json")
     try:
         doc = json.loads(p.read_text())
-        steps = tuple((tuple(float(c) for c in s["confidence"]), int(s["accepted"])) for s in doc["steps"])
-        ranks = {int(r): tuple(float(x) for x in v) for r, v in (doc.get("ranks") or {}).items()}
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"strategies.store_selective.confidences={path}: not a confidence profile ({e}); it needs "
-                         "'steps': [{'confidence': [...], 'accepted': n}, ...]") from None
-    if not steps or any(not c for c, _ in steps):
-        raise ValueError(f"strategies.store_selective.confidences={path}: no steps with confidences in it")
-    return ConfidenceProfile(path=str(path), drafter=str(doc.get("drafter", "?")), steps=steps, ranks=ranks)
+    except ValueError as e:
+        raise ValueError(f"strategies.store_selective.confidences={path}: not a confidence profile ({e})") from None
+    return ConfidenceProfile.from_doc(doc, str(path))

@@ -193,3 +193,131 @@ def test_vllm_refuses_the_variants_its_planner_cannot_use():
         why = VLLMEngine.runs_strategy(name)
         assert why and "1 + k whole GDN state pages" in why and "engine=sim" in why
     assert VLLMEngine.runs_strategy("store_all") is None
+
+
+# -- the acceptance gate -----------------------------------------------------------------------------
+
+def _small_gate(**over):
+    import copy
+
+    import yaml
+
+    cfg = yaml.safe_load(open("conf/check_acceptance.yaml"))
+    cfg = copy.deepcopy(cfg)
+    cfg.update(prompts={"count": 2, "max_tokens": 24, "seed": 0, "categories": None}, max_new_tokens=24,
+               dtypes=["float64", "float32"], drafts=["chain:3", "2,2,2"], tree_sweep=None, tree_sweep_out=None,
+               baseline=None)
+    cfg.update(over)
+    return cfg
+
+
+@pytest.mark.parametrize("strategy", [{"name": "store_selective", "threshold": 0.2},
+                                      {"name": "store_delta", "codec": "sparse", "threshold": 0.0}],
+                         ids=["selective-0.2", "delta-sparse0"])
+def test_the_gate_passes_selective_fork_and_lossless_deltas_on_chains_and_trees(strategy):
+    """Beside .ci/run's gate (the configured options: threshold 0.95, the exact codec): the toy drafter is rarely
+    sure (its drafts above 0.95 are ~2%), so at 0.2 most checkpoints are skipped and most commits are recoveries,
+    which must decode the reference's tokens all the same; sparse deltas with threshold 0 are lossless too."""
+    from harness.acceptance.gate import run_gate
+
+    opts = {k: v for k, v in strategy.items() if k != "name"}
+    made = []
+
+    def factory(name, widths):
+        made.append(strategies.get(strategy["name"], **opts))
+        return made[-1]
+
+    res = run_gate(_small_gate(strategy=[strategy["name"]]), strategy_factory=factory)
+    assert res.passed, res.failures
+    assert {r.draft for r in res.rows} == {"chain:3", "2,2,2"} and all(r.agree == 1.0 for r in res.rows)
+
+
+class RecoverWithoutRedo(strategies.store_selective.StoreSelective):
+    """A recovery that takes the nearest checkpoint (or the committed state) as the accepted node's state."""
+
+    def _commit(self, carry, verified, accepted):
+        st = verified.stash
+        out = carry.clone()
+        for b, a in enumerate(accepted.tolist()):
+            if a >= 0:
+                base, _ = strategies.store_selective.recovery_plan(st["slot"][b].tolist(), verified.tree, a)
+                if base >= 0:
+                    out[b] = st["checkpoints"][int(st["slot"][b, base])]
+        return out
+
+
+class DropLastDelta(strategies.store_delta.StoreDelta):
+    """Restores the accepted node without its own delta (its parent's state)."""
+
+    def _commit(self, carry, verified, accepted):
+        v = verified.stash["delta"].clone()
+        for b, a in enumerate(accepted.tolist()):
+            if a >= 0:
+                v[b, a] = 0
+        import copy
+        ver = copy.copy(verified)
+        ver.stash = {**verified.stash, "delta": v}
+        return super()._commit(carry, ver, accepted)
+
+
+@pytest.mark.parametrize("mutant", [lambda: RecoverWithoutRedo(threshold=0.2), DropLastDelta],
+                         ids=["selective-no-redo", "delta-drops-one"])
+def test_the_gate_catches_a_wrong_recovery_or_restore(mutant):
+    from harness.acceptance.gate import run_gate
+
+    res = run_gate(_small_gate(strategy=["store_selective"], dtypes=["float64"]),
+                   strategy_factory=lambda name, widths: mutant())
+    assert not res.passed and any(r.verdict == "FAIL" for r in res.rows)
+
+
+def test_the_memory_table_prints_the_write_ups_table_beside_the_measured_one():
+    """The issue's command: 5 / 14 / 39 speculative checkpoints (the write-up's 5 / ~15 / ~40 and 60 / 180 / 480
+    MB beside them), every strategy's row, the new ones included."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "harness", "memory", "model=qwen35_9b",
+                          "drafts=[chain:5,[2,2,2],[3,3,3]]"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = out.stdout[out.stdout.index("write-up's table"):]
+    rows = [line.split() for line in table.splitlines()]
+    firsts = {r[0]: r for r in rows if r and r[0] in ("chain:5", "2,2,2", "3,3,3")}
+    assert [firsts[d][2:7] for d in ("chain:5", "2,2,2", "3,3,3")] == [
+        ["5", "60", "5", "60", "120"], ["~15", "180", "14", "168", "336"], ["~40", "480", "39", "468", "936"]]
+    for name in strategies.names() + ["store_delta:fp8_e4m3"]:
+        assert f" {name} " in table
+    fp8 = [r for r in rows if "store_delta:fp8_e4m3" in r]
+    assert [r[-1] for r in fp8] == ["60.0", "168.0", "468.1"]       # half a bf16 checkpoint each
+
+
+def test_the_checkpoints_study_measures_real_states_and_drafts(tmp_path):
+    """`python -m harness checkpoints` on a few prompts: the trained model's MTP profile (k = 3 confidences per step,
+    the accepted counts), the toy drafter's (chain steps and the trees' lower-ranked children), per-layer delta
+    compression in every codec with the dense ones at their fixed sizes, and a profile store_selective reads."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "fc"
+    run = subprocess.run([sys.executable, "-m", "harness", "checkpoints", f"out={out}", "trained.prompts=2",
+                          "trained.new_tokens=12", "gate.prompts.count=2", "gate.max_new_tokens=10",
+                          "tiny_drafts=[chain:3,'2,2']"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    res = json.loads((out / "checkpoints.json").read_text())
+    trained = json.loads((out / "confidences" / "trained-qwen3next-mtp.json").read_text())
+    assert trained["steps"] and all(len(s["confidence"]) == 3 and 0 <= s["accepted"] <= 3 for s in trained["steps"])
+    toy = json.loads((out / "confidences" / "toy-drafter.json").read_text())
+    assert toy["steps"] and toy["ranks"]["1"] and max(toy["ranks"]["1"]) <= 0.5
+    for study in ("trained", "tiny"):
+        layers = res[study]["deltas"]
+        assert len(layers) == 3
+        for d in layers:
+            assert d["bf16"]["vs_bf16"]["median"] == 1.0 and d["exact"]["vs_fp32"]["median"] == 1.0
+            assert d["exact"]["rel_error"]["max"] < 1e-6 < d["fp8_e4m3"]["rel_error"]["median"]
+            assert 0 < d["sparse"]["kept_fraction"]["median"] <= 1
+    assert all(0 <= d["one_minus_decay"]["median"] <= 1 for d in res["trained"]["deltas"])
+    sel = res["trained"]["selective"]
+    assert [s["threshold"] for s in sel] == [0.9, 0.95, 0.99]
+    assert sel[0]["skipped_fraction"] >= sel[1]["skipped_fraction"] >= sel[2]["skipped_fraction"]
+    strat = strategies.get("store_selective", confidences=str(out / "confidences" / "trained-qwen3next-mtp.json"))
+    pages, slots = strat.expected_footprint(DraftTree.chain(3, root=True))
+    assert 1.0 <= pages <= 4.0 and pages + slots == 5.0

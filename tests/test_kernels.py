@@ -12,7 +12,7 @@ import torch
 import strategies
 from strategies import DraftTree, accepted_state, kernels, tree_recurrence
 
-from conftest import make_step, rel_err
+from conftest import WithConfidence, make_step, rel_err
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="Triton not installed (pip install triton)")
 
@@ -41,10 +41,17 @@ def applicable(name, tree):
     return name != "replay" or tree.is_chain
 
 
+def kget(name, **kw):
+    """``kernels.get``, with seeded draft confidences for a strategy that needs them (conftest.WithConfidence)."""
+    strat = kernels.get(name, **kw)
+    return WithConfidence(strat) if strat.uses_confidence else strat
+
+
 def pair(name, tree, **kw):
-    """(Triton strategy, torch reference strategy) with the same options."""
+    """(Triton strategy, torch reference strategy) with the same options (and the same seeded confidences)."""
     opts = {"buffer_len": max(16, tree.num_nodes)} if name == "replay" else {}
-    return kernels.get(name, **opts, **kw), strategies.get(name, **opts)
+    ref = strategies.get(name, **opts)
+    return kget(name, **opts, **kw), (WithConfidence(ref) if ref.uses_confidence else ref)
 
 
 def step(tree, B, dtype=torch.float32, seed=0, **heads):
@@ -78,7 +85,8 @@ def test_many_steps_follow_the_torch_strategy(name):
     trees = [DraftTree.chain(3, root=True)] * 6 + [DraftTree.chain(1, root=True)] * 3 \
         + [DraftTree.chain(5, root=True)] * 3
     opts = {"buffer_len": 8} if name == "replay" else {}
-    kern, ref = kernels.get(name, block_v=16, **opts), strategies.get(name, **opts)
+    kern, ref = kget(name, block_v=16, **opts), strategies.get(name, **opts)
+    ref = WithConfidence(ref) if ref.uses_confidence else ref
     B = 5
     state = step(trees[0], B=B, seed=0)[0]
     ck, cr = kern.start(state.clone()), ref.start(state.clone())
@@ -293,6 +301,10 @@ def test_bench_kernels_smoke_and_report(tmp_path):
     assert set(forks) == {"node", "depth"} and all(r["draft"] == "2,2+root" for r in forks.values())
     assert all(r["snapshot_bytes"] == 2 * 7 * 2 * 16 * 32 * 4 and r["step_point"].endswith("store_all")
                for r in forks.values())
+    # store_selective's kernels beside store_all's, confidences and accepted nodes from the measured profile
+    sel = {r["draft"]: r for r in res["selective"]["rows"]}
+    assert set(sel) == {"chain:3+root", "2,2+root"}
+    assert all(0 < r["kept_fraction"] <= 1 and r["store_selective_commit_s"] > 0 for r in sel.values())
     # Each strategy's layer row names the code that ran (here the plugin's torch path: CPU pages, no Triton op).
     ops = [r for r in res["layer"]["rows"] if r["strategy"] != "vllm_store_all"]
     assert ops and all(r["code"] == "torch reference (strategies/paged)" for r in ops), {r.get("code") for r in ops}

@@ -51,6 +51,7 @@ RUN = {
     "python -m harness memory 'drafts=[[1,1,1],[2,2,2],chain:7]' format=json",
     "python -m harness memory strategies.replay.buffer_len=32",
     "python -m harness memory --cfg",
+    "python -m harness memory model=qwen35_9b 'drafts=[chain:5,[2,2,2],[3,3,3]]'",
     "python -m harness sweep gmu=0.6,0.75,0.9 strategy=store_all,treewy workload=sharegpt out=results/sweeps/mine",
     "python -m harness run workload=sharegpt gmu=0.6 concurrency=64 strategy=treewy",
     "python -m harness analyze results/sweeps/mine",
@@ -94,6 +95,12 @@ COMPOSE_ONLY = {
         "tests/test_vllm_acceptance.py::test_the_gate_catches_a_wrong_commit runs each fault",
     "python -m harness sweep sweep=trained_qwen3next gpu=cpu engine.kv_cache_bytes=268435456 "
     "engine.gdn_prefill_backend=null": "ten vLLM points on the trained model (about 6 minutes on two cores)",
+    "python -m harness checkpoints out=results/fork-checkpoint": "~30 s of two models' decoding; "
+        "tests/test_fork_checkpoint.py runs it on a few prompts",
+    "python -m harness check-acceptance 'strategy=[store_delta]' strategies.store_delta.codec=fp8_e4m3":
+        "the toy gate (~40 s), failing as it should; results/fork-checkpoint/gate-lossy/ holds its output",
+    "python -m harness bench kernels 'sections=[forks]'": "needs a CUDA GPU; test_bench_kernels_smoke_and_report "
+        "runs the section",
     "python -m harness acceptance train": "about 6 minutes of training; tests/test_vllm_acceptance.py checks the "
         "training is seeded on a tiny run",
 }

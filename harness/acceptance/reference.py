@@ -8,7 +8,7 @@ verify step accepts; what the in-engine gate (:mod:`.vllm_gate`) compares vLLM's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,8 @@ class Decoded:
     tokens: list[int]
     accepted: list[int]               # per verify step, 0..k
     margins: list[float]              # per output token: the target's top-2 logit margin at that choice
+    confidences: list[list[float]] = field(default_factory=list)   # per verify step: the MTP's probability of
+                                                                    #   each of its k drafts
 
     @property
     def acceptance_length(self) -> float:
@@ -57,18 +59,28 @@ def mtp_chain(net: TrainedQwen3Next, seq: torch.Tensor, hidden: torch.Tensor, p:
     whose token ``seq[p + 1]`` it just emitted: the MTP's first pass covers positions 0..p with the target's
     hidden states and the true next tokens, then each further draft feeds the MTP its own output and the
     previous draft at the next position."""
+    return mtp_drafts(net, seq, hidden, p, k)[0]
+
+
+@torch.no_grad()
+def mtp_drafts(net: TrainedQwen3Next, seq: torch.Tensor, hidden: torch.Tensor, p: int,
+               k: int) -> tuple[list[int], list[float]]:
+    """:func:`mtp_chain`'s drafts and the MTP's softmax probability of each (its draft confidence)."""
     embeds = net.embed(seq[1:p + 2])[None]                        # t_{j+1} for j = 0..p
     hid = hidden[:p + 1][None]
     pos = torch.arange(p + 1)[None]
     drafts: list[int] = []
+    probs: list[float] = []
     for i in range(k):
         h = net.mtp(embeds, hid, pos)
-        d = int(net.logits(h[0, -1]).argmax())
+        logits = net.logits(h[0, -1]).double()
+        d = int(logits.argmax())
         drafts.append(d)
+        probs.append(float(logits.softmax(-1)[d]))
         embeds = torch.cat([embeds, net.embed(torch.tensor([[d]]))], dim=1)
         hid = torch.cat([hid, h[:, -1:]], dim=1)
         pos = torch.arange(p + 2 + i)[None]
-    return drafts
+    return drafts, probs
 
 
 @torch.no_grad()
@@ -85,14 +97,16 @@ def reference_decode(net: TrainedQwen3Next, prompts: list[list[int]], max_new_to
         seq = seqs[b]
         hidden = net.hidden(seq[None])[0]
         accepted: list[int] = []
+        confidences: list[list[float]] = []
         p = P - 1                                  # the target accepted up to here; seq[p + 1] is emitted
         while k and p + 1 - (P - 1) < max_new_tokens:
-            drafts = mtp_chain(net, seq, hidden, p, k)
+            drafts, probs = mtp_drafts(net, seq, hidden, p, k)
+            confidences.append(probs)
             a = 0
             while a < k and drafts[a] == int(seq[p + 2 + a]):
                 a += 1
             accepted.append(a)
             p += a + 1
         out.append(Decoded(tokens=seq[P:P + max_new_tokens].tolist(), accepted=accepted,
-                           margins=margins[b, :max_new_tokens].tolist()))
+                           margins=margins[b, :max_new_tokens].tolist(), confidences=confidences))
     return out

@@ -290,7 +290,8 @@ def _smoke(cfg: DictConfig) -> DictConfig:
                               "solve_batch": 2, "warmup": 0, "repeats": 1, "copy_bytes": 1 << 20,
                               "block_v": 16, "tune_block_v": [16, 32], "tune_num_warps": [4],
                               "layer": {"batches": [1, 2], "chains": [1, 3]},
-                              "forks": {"drafts": [[2, 2]], "batches": [2]}})
+                              "forks": {"drafts": [[2, 2]], "batches": [2]},
+                              "selective": {"drafts": ["chain:3", [2, 2]], "batches": [2]}})
     small.strategies = {name: {**opts, "buffer_len": 8} if "buffer_len" in opts else opts
                         for name, opts in strategy_configs.of_all(cfg).items()}
     return OmegaConf.merge(cfg, small)
@@ -347,6 +348,8 @@ def run(cfg: DictConfig) -> int:
         _solve_section(result, shape, cfg, gen, device, console, out)
     if "forks" in cfg.sections:
         _forks_section(result, shape, cfg, gen, device, console, out)
+    if "selective" in cfg.sections:
+        _selective_section(result, shape, cfg, gen, device, console, out)
     result["crossover_nodes"] = crossover(result["solve"])
     result["complete"] = True
     print_tables(console, result)
@@ -385,6 +388,7 @@ def _new_result(cfg: DictConfig, shape: GDNShape, where: str, gpu: bool, copy: d
                   "V": shape.value_head_dim},
         "rows": [], "failed": [], "solve": [], "crossover_nodes": None, "triton": _triton_version(), "tiles": {},
         "layer": {"rows": [], "vllm_kernel": None}, "forks": {"rows": [], "step_reference": None},
+        "selective": {"rows": []},
         "sections": list(cfg.sections),
         "provenance": provenance(),
         "config": OmegaConf.to_container(cfg, resolve=True)}
@@ -402,7 +406,7 @@ def _write(out: Path, result: dict[str, Any], console) -> None:
         console.print(f"wrote {write_report(result, out.with_suffix('.html'))}")
 
 
-SECTIONS = ("layer", "kernels", "solve", "forks")
+SECTIONS = ("layer", "kernels", "solve", "forks", "selective")
 
 
 def campaign_steps(folder: Path) -> list[dict[str, Any]]:
@@ -448,6 +452,65 @@ def _fork_row(tree: DraftTree, B: int, fork: str, shape: GDNShape, cfg: DictConf
             **tiles, "verify_s": times[True], "verify_nostore_s": times[False], "fork_s": fork_s,
             "snapshot_bytes": snap, "fork_bandwidth": snap / fork_s if fork_s else None,
             "fork_step_s": fork_s * shape.num_layers, "verify_step_s": times[True] * shape.num_layers}
+
+
+def _selective_row(tree: DraftTree, B: int, shape: GDNShape, cfg: DictConfig, gen, device,
+                   tiles: dict[str, int]) -> dict[str, Any]:
+    """store_selective's verify and commit against store_all's on one draft and batch, with draft confidences and
+    accepted nodes drawn together from the configured profile's measured steps."""
+    from strategies import kernels
+
+    sdt, idt = as_dtype(cfg.state_dtype), as_dtype(cfg.input_dtype)
+    w, r = int(cfg.warmup), int(cfg.repeats)
+    state, (q, k, v, g, beta) = inputs(gen, B, tree, shape, idt, sdt, device)
+    opts = strategy_configs.of(cfg, "store_selective")
+    profile = strategies.get("store_selective", confidences=opts.get("confidences"))._profile()
+    conf, acc = profile.sample_steps(tree, B, gen)
+    conf, acc = conf.to(device), acc.to(device)
+    store = kernels.get("store_all", **tiles)
+    sel = kernels.get("store_selective", threshold=float(opts.get("threshold", 0.95)), **tiles)
+    row: dict[str, Any] = {"draft": tree.label, "nodes": tree.num_nodes, "batch": B, **tiles,
+                           "threshold": sel.threshold, "profile": profile.path}
+    zero = torch.zeros(B, dtype=torch.long, device=device)
+    for name, strat, kw in (("store_all", store, {}), ("store_selective", sel, {"confidence": conf})):
+        carry = strat.commit(strat.start(state), strat.verify(strat.start(state), q, k, v, g, beta, tree, **kw), zero)
+        ver = strat.verify(carry, q, k, v, g, beta, tree, **kw)                   # in place from here on
+        row[f"{name}_verify_s"] = gpu_seconds(lambda: strat.verify(carry, q, k, v, g, beta, tree, **kw), w, r)
+        if name == "store_all":
+            row["store_all_commit_s"] = gpu_seconds(lambda: strat._commit(carry, ver, acc), w, r)
+        else:
+            plan = strat.recovery_args(ver, acc)      # host-side planning, as an engine's scheduler would do it
+            row["store_selective_commit_s"] = gpu_seconds(lambda: strat.commit_with(ver, acc, *plan), w, r)
+            keep = ver.stash["keep"]
+            row["kept_fraction"] = float(keep.double().mean())
+            row["recovery_fraction"] = float((plan[2] > 0).double().mean())
+            row["redone_per_recovery"] = (float(plan[2].sum()) / max(int((plan[2] > 0).sum()), 1))
+        del carry
+    row["verify_ratio"] = row["store_selective_verify_s"] / row["store_all_verify_s"]
+    row["step_ratio"] = ((row["store_selective_verify_s"] + row["store_selective_commit_s"])
+                         / (row["store_all_verify_s"] + row["store_all_commit_s"]))
+    return row
+
+
+def _selective_section(result, shape, cfg, gen, device, console, out) -> None:
+    """store_selective's kernels against store_all's on ``selective.drafts`` x ``selective.batches``."""
+    sc = cfg.selective
+    tiles = (result["tiles"] or _fixed_tiles(cfg))["store_all"]
+    result.setdefault("selective", {"rows": []})
+    have = {(r["draft"], r["batch"]) for r in result["selective"]["rows"]}
+    for d in sc.drafts:
+        tree = parse_draft(d, root=bool(cfg.root))
+        for B in sc.batches:
+            if (tree.label, int(B)) in have:
+                continue
+            row = _selective_row(tree, int(B), shape, cfg, gen, device, tiles)
+            result["selective"]["rows"].append(row)
+            console.print(f"    selective {tree.label} B={int(B):<3d} kept {100 * row['kept_fraction']:.0f}%: verify "
+                          f"{1e6 * row['store_selective_verify_s']:.1f} us vs store_all "
+                          f"{1e6 * row['store_all_verify_s']:.1f} us; commit "
+                          f"{1e6 * row['store_selective_commit_s']:.1f} us ({100 * row['recovery_fraction']:.0f}% "
+                          f"recover {row['redone_per_recovery']:.1f} nodes) vs {1e6 * row['store_all_commit_s']:.1f} us")
+            _save(out, result)
 
 
 def _forks_section(result, shape, cfg, gen, device, console, out) -> None:
@@ -630,15 +693,16 @@ def _resume(out: Path | None, result: dict[str, Any], console) -> set[tuple[str,
         return set()
     same = ("device", "shape", "num_layers")
     keys = ("state_dtype", "input_dtype", "block_v", "num_warps", "strategies", "root", "repeats", "smoke", "solve",
-            "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate", "layer", "forks")
+            "tune", "tune_block_v", "tune_num_warps", "tune_draft", "accept_rate", "layer", "forks", "selective")
     if old.get("complete") or any(old.get(k) != result[k] for k in same) \
             or any(old.get("config", {}).get(k) != result["config"][k] for k in keys):
         return set()
     result["rows"], result["solve"], result["tiles"] = old.get("rows", []), old.get("solve", []), old.get("tiles", {})
     result["layer"].update({k: old.get("layer", {}).get(k) for k in ("rows", "tiles", "tuning")
                             if old.get("layer", {}).get(k) is not None})
-    if (old.get("forks") or {}).get("rows"):
-        result["forks"] = old["forks"]
+    for part in ("forks", "selective"):
+        if (old.get(part) or {}).get("rows"):
+            result[part] = old[part]
     console.print(f"  resuming {out}: {len(result['rows'])} rows, {len(result['layer']['rows'])} layer rows, "
                   f"{len(result['solve'])} solve points and {len(result['forks']['rows'])} fork rows kept")
     return {(r["strategy"], r["draft"], r["batch"]) for r in result["rows"]}
@@ -714,6 +778,19 @@ def print_tables(console, result: dict[str, Any]) -> None:
                       "-" if not r["fork_bandwidth"] else f"{r['fork_bandwidth'] / 1e9:,.0f}",
                       f"{1e3 * r['fork_step_s']:.2f}", f"{1e3 * r['step_s']:.1f} (B~{r['step_running']:.0f})",
                       f"{100 * r['fork_fraction_of_step']:.1f}")
+        console.print(t)
+    sel = (result.get("selective") or {}).get("rows") or []
+    if sel:
+        t = make_table(f"store_selective's kernels vs store_all's ({result['device']}, one layer; confidences and "
+                       "accepted nodes from the measured profile)", ["draft", "batch", "kept %", "verify us",
+                                                                     "store_all us", "commit us", "store_all us",
+                                                                     "recoveries %", "redone", "step x"], left=2)
+        for r in sel:
+            t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), f"{100 * r['kept_fraction']:.0f}",
+                      f"{1e6 * r['store_selective_verify_s']:.1f}", f"{1e6 * r['store_all_verify_s']:.1f}",
+                      f"{1e6 * r['store_selective_commit_s']:.1f}", f"{1e6 * r['store_all_commit_s']:.1f}",
+                      f"{100 * r['recovery_fraction']:.0f}", f"{r['redone_per_recovery']:.2f}",
+                      f"{r['step_ratio']:.2f}")
         console.print(t)
     for f in result.get("failed", []):
         console.print(f"[red]not measured[/]: {f['strategy']} {f['draft']} batch {f['batch']}: {f['reason']} "

@@ -56,8 +56,8 @@ def _timed_run(strat, state, steps, tree) -> tuple[float, int]:
     """Seconds for the whole run of steps, and the flushes it did."""
     t0 = time.perf_counter()
     carry = strat.start(state)
-    for inputs, accepted in steps:
-        carry = strat.commit(carry, strat.verify(carry, *inputs, tree), accepted)
+    for inputs, accepted, conf in steps:
+        carry = strat.commit(carry, strat.verify(carry, *inputs, tree, confidence=conf), accepted)
     strat.materialize(carry)
     elapsed = time.perf_counter() - t0
     flushes = int(carry.flushes.sum()) if hasattr(carry, "flushes") else 0
@@ -71,8 +71,13 @@ def bench_draft(cfg: DictConfig, spec: Any, shape: GDNShape, state_dtype: str) -
     B = int(cfg.batch)
     state = torch.randn(B, shape.num_value_heads, shape.key_head_dim, shape.value_head_dim,
                         generator=gen, dtype=torch.float64).to(dtype) * 0.1
-    steps = [(step_inputs(gen, B, tree, shape, dtype), sample_accepted(gen, tree, B, float(cfg.accept_rate)))
+    steps = [(step_inputs(gen, B, tree, shape, dtype), sample_accepted(gen, tree, B, float(cfg.accept_rate)), None)
              for _ in range(int(cfg.steps))]
+    selective = strategy_configs.configured(cfg, "store_selective") if "store_selective" in strategies.names() \
+        else None
+    if selective is not None:     # draft confidences as the configured profile measured them (the trained MTP's)
+        profile = selective._profile()
+        steps = [(i, a, profile.sample(tree, B, gen)) for i, a, _ in steps]
     runs: dict[str, Any] = {}
     for name in strategies.names():
         strat = strategy_configs.configured(cfg, name).fitting(tree)   # a buffer one step would overflow: grown

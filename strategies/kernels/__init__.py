@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-NAMES = ("store_all", "replay", "treewy")
+NAMES = ("store_all", "replay", "treewy", "store_selective")
 
 
 def available() -> bool:
@@ -36,10 +36,11 @@ def available() -> bool:
 
 
 def get(name: str, **options):
-    """The Triton implementation of strategy ``name`` (``store_all``, ``replay`` or ``treewy``)."""
+    """The Triton implementation of strategy ``name`` (``store_all``, ``replay``, ``treewy`` or
+    ``store_selective``)."""
     if name not in NAMES:
         raise ValueError(f"strategy={name!r}: no Triton kernels; choose one of {', '.join(NAMES)} "
-                         "(treewy_deferred runs on the torch reference only)")
+                         "(treewy_deferred and store_delta run on the torch reference only)")
     if not available():
         raise ImportError("the strategies' GPU kernels need Triton: pip install 'commitbench[gpu]' on a CUDA "
                           "machine (CUDA builds of torch ship it), or pip install triton and set "

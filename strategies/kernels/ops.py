@@ -16,6 +16,7 @@ import triton
 
 from .. import replay as replay_mod
 from .. import store_all as store_all_mod
+from .. import store_selective as store_selective_mod
 from .. import treewy as treewy_mod
 from ..base import Verified
 from ..history import DEFAULT_BUFFER_LEN, History
@@ -204,6 +205,11 @@ class StoreAllKernel(Tiling, store_all_mod.StoreAll):
         return carry.states[torch.arange(carry.states.shape[0], device=carry.slot.device), carry.slot]
 
     def _verify(self, carry: Snapshots, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
+        return self._launch(carry, q, k, v, g, beta, tree, s, scale)
+
+    def _launch(self, carry: Snapshots, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float,
+                select: tuple[torch.Tensor, torch.Tensor] | None = None) -> Verified:
+        """The verify's launch; ``select`` (keep ``[B, N]`` int8, u ``[B, N, HV, V]``): store_selective's mask."""
         _check_dtype(carry.base, self.name)
         _, par = _tree_meta(tree, str(carry.base.device))
         base = carry.base.contiguous()
@@ -225,7 +231,11 @@ class StoreAllKernel(Tiling, store_all_mod.StoreAll):
                   par)
         consts = dict(H=s.H, HV=s.HV, K=s.K, V=s.V, BK=tk.next_pow2(s.K), BV=self.bv(s), STORE=self.store,
                       num_warps=self.num_warps)
-        if self.fork == "node" or tree.is_chain:      # a chain's depths are its nodes: one launch walks them
+        if select is not None:
+            tk.store_all_verify[self.grid(s)](*common, o, scale, s.N, IS_CHAIN=tree.is_chain,
+                                              WRITE_BASE=not in_place, keep=select[0], ust=select[1], SELECT=True,
+                                              **consts)
+        elif self.fork == "node" or tree.is_chain:      # a chain's depths are its nodes: one launch walks them
             tk.store_all_verify[self.grid(s)](*common, o, scale, s.N, IS_CHAIN=tree.is_chain,
                                               WRITE_BASE=not in_place, **consts)
         else:
@@ -240,6 +250,72 @@ class StoreAllKernel(Tiling, store_all_mod.StoreAll):
         a = accepted.to(torch.int32)
         slot = torch.where(a >= 0, a + (a >= st["skip"]).to(torch.int32), st["h0_slot"])
         return Snapshots(st["base"], st["states"], slot.long())
+
+
+class StoreSelectiveKernel(StoreAllKernel):
+    """``store_selective`` on Triton: store_all's node-by-node kernel writing a snapshot only for the nodes at or
+    under the confidence threshold, the others' pseudo-values u instead; commit moves the slot where the accepted
+    node has its snapshot and launches :func:`.triton_kernels.selective_recover` for the rows that need a
+    recovery. On a tree a node with children keeps its snapshot whatever its confidence (the children read it
+    back: the kernel holds one state in registers, the parent's only along a chain)."""
+
+    uses_confidence = True
+    options = ("threshold",)
+
+    def __init__(self, threshold: float = 0.95, block_v: int = 64, num_warps: int = 4):
+        StoreAllKernel.__init__(self, block_v, num_warps)
+        self.threshold = store_selective_mod.StoreSelective(threshold=threshold).threshold
+
+    def keep_mask(self, tree: DraftTree, confidence: torch.Tensor) -> torch.Tensor:
+        """``[B, N]`` bool: the nodes that get a snapshot (at or under the threshold, or with children on a tree)."""
+        keep = confidence <= self.threshold
+        if not tree.is_chain:
+            inner = torch.tensor([bool(tree.children(t)) for t in range(tree.num_nodes)], device=keep.device)
+            keep = keep | inner[None]
+        return keep
+
+    def _verify(self, carry: Snapshots, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float,
+                confidence: torch.Tensor | None = None) -> Verified:
+        keep = self.keep_mask(tree, confidence.to(carry.base.device))
+        u = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=carry.base.device)
+        ver = self._launch(carry, q, k, v, g, beta, tree, s, scale,
+                           select=(keep.to(torch.int8).contiguous(), u))
+        ver.stash.update(keep=keep, u=u, k=k.contiguous(), g=g.contiguous(),
+                         src=carry.states if carry.states is not None else carry.base,
+                         slot=(carry.slot if carry.slot is not None else
+                               torch.full((s.B,), -1, device=k.device)).to(torch.int32))
+        return ver
+
+    def recovery_args(self, verified: Verified, accepted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(start [B], redo [B, R], nredo [B]) int32 on the state's device, R = the tree's path length: each row's
+        nearest checkpointed node on its accepted node's path (-1: the committed state) and the nodes to redo."""
+        keep = verified.stash["keep"].cpu()
+        tree = verified.tree
+        R = tree.path_length
+        start, redo, n = [], [], []
+        for b, a in enumerate(accepted.tolist()):
+            if a < 0 or bool(keep[b, a]):
+                start.append(-1), redo.append([0] * R), n.append(0)
+                continue
+            slot = [0 if bool(x) else -1 for x in keep[b]]
+            base, nodes = store_selective_mod.recovery_plan(slot, tree, a)
+            start.append(base), redo.append(nodes + [0] * (R - len(nodes))), n.append(len(nodes))
+        dev = accepted.device
+        return (torch.tensor(start, dtype=torch.int32, device=dev), torch.tensor(redo, dtype=torch.int32, device=dev),
+                torch.tensor(n, dtype=torch.int32, device=dev))
+
+    def _commit(self, carry, verified: Verified, accepted: torch.Tensor) -> Snapshots:
+        return self.commit_with(verified, accepted, *self.recovery_args(verified, accepted))
+
+    def commit_with(self, verified: Verified, accepted: torch.Tensor, start, redo, nredo) -> Snapshots:
+        """The commit, its recovery plan given (:meth:`recovery_args`): what an engine would launch each step."""
+        st, s = verified.stash, verified.shape
+        src = st["src"]
+        tk.selective_recover[self.grid(s)](
+            st["base"], src, st["slot"], src.shape[1] if src.dim() == 5 else 1, st["states"], st["skip"],
+            st["states"].shape[1], start, redo, nredo, redo.shape[1], st["k"], st["u"], st["g"], s.N,
+            H=s.H, HV=s.HV, K=s.K, V=s.V, BK=tk.next_pow2(s.K), BV=self.bv(s), num_warps=self.num_warps)
+        return StoreAllKernel._commit(self, None, verified, accepted)
 
 
 class KernelHistory(History):
@@ -302,7 +378,8 @@ class ReplayKernel(Tiling, replay_mod.Replay):
         return Verified(o.to(q.dtype), tree, s, {"u": u, "k": k, "g": g})
 
 
-STRATEGIES = {"store_all": StoreAllKernel, "replay": ReplayKernel, "treewy": TreeWYKernel}
+STRATEGIES = {"store_all": StoreAllKernel, "replay": ReplayKernel, "treewy": TreeWYKernel,
+              "store_selective": StoreSelectiveKernel}
 
 
 def stream_copy(src: torch.Tensor, dst: torch.Tensor, block: int = 8192) -> None:

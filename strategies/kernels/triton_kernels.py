@@ -228,7 +228,7 @@ def rebuild(h0, out, k, u, G, par, end, M,
 def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, beta, par, o, scale, N,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, IS_CHAIN: tl.constexpr, WRITE_BASE: tl.constexpr,
-                     STORE: tl.constexpr):
+                     STORE: tl.constexpr, keep=None, ust=None, SELECT: tl.constexpr = False):
     """vLLM's store_all, node by node (``fork: node``): a state snapshot per node, each from its parent's.
 
     The committed state is ``states[b, slot[b]]`` (``base[b]`` where slot < 0), both
@@ -237,7 +237,8 @@ def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, be
     survives a step that accepts nothing. ``WRITE_BASE`` also copies it to slot ``N`` (a fresh dst).
     A chain keeps the running state in registers; a tree reads each parent's snapshot back, so one
     program walks all N nodes of its tile in turn. ``STORE=False`` writes no snapshot (wrong states:
-    the benchmark's measure of what the forks cost).
+    the benchmark's measure of what the forks cost). ``SELECT`` (store_selective): node t's snapshot only
+    where ``keep [B, N]`` (int8) is set, its pseudo-value u to ``ust [B, N, HV, V]`` (fp32) where not.
     """
     # 64-bit: snapshot offsets pass 2^31 elements (256 requests x 65 slots)
     i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, True)
@@ -261,7 +262,12 @@ def store_all_verify(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, be
         h, u, ot = _delta_token(h, q, k, v, g, beta, scale, r, hv, hk, ok, ov, mk, mv, H, HV, K, V)
         if STORE:
             ts = t + (t >= sk).to(tl.int32)
-            tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
+            m_st = m2
+            if SELECT:
+                kp = tl.load(keep + r)
+                m_st = m2 & ((ok * 0 + kp) != 0)[:, None]
+                tl.store(ust + (r * HV + hv) * V + ov, u, mask=mv & ((ov * 0 + kp) == 0))
+            tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m_st)
         tl.store(o + (r * HV + hv) * V + ov, ot, mask=mv)
         if not IS_CHAIN:
             tl.debug_barrier()   # the next node may read this snapshot back
@@ -300,6 +306,39 @@ def store_all_level(base, states, slot, S_src, dst, skip, S_dst, q, k, v, g, bet
         ts = t + (t >= sk).to(tl.int32)
         tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
     tl.store(o + (r * HV + hv) * V + ov, ot, mask=mv)
+
+
+@triton.jit
+def selective_recover(base, states, slot, S_src, dst, skip, S_dst, start, redo, nredo, R, k, u, g, N,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr):
+    """store_selective's recovery: request b's accepted node had no checkpoint, so redo the ``nredo[b]`` nodes
+    ``redo[b, :nredo[b]]`` (``[B, R]`` int32, parents first) from its nearest checkpointed ancestor's snapshot
+    (node ``start[b]``, in dst as :func:`store_all_verify` laid it out) or, with start -1, from the committed
+    state (``states[b, slot[b]]`` or ``base[b]``): ``h = e^{g_t} h + k_t ⊗ u_t`` per node, u from the verify's
+    ``u [B, N, HV, V]``; the result goes to the accepted (last redone) node's own slot. Rows with nothing to redo
+    read and write nothing."""
+    i_bh, i_v, b, hv, hk, ok, ov, mk, mv = _tile(H, HV, K, V, BK, BV, True)
+    n = tl.load(nredo + b)
+    if n > 0:
+        m2 = mk[:, None] & mv[None, :]
+        tile = ok[:, None] * V + ov[None, :]
+        sk = tl.load(skip + b)
+        s0 = tl.load(start + b)
+        sl = tl.load(slot + b)
+        committed = tl.where(sl >= 0, states + ((b * S_src + sl) * HV + hv) * K * V, base + i_bh * K * V)
+        ps = s0 + (s0 >= sk).to(tl.int32)
+        src = tl.where(s0 >= 0, dst + ((b * S_dst + ps) * HV + hv) * K * V, committed)
+        h = tl.load(src + tile, mask=m2, other=0.).to(tl.float32)
+        t = s0
+        for i in range(n):
+            t = tl.load(redo + b * R + i)
+            r = b * N + t
+            kt = tl.load(k + (r * H + hk) * K + ok, mask=mk, other=0.).to(tl.float32)
+            ut = tl.load(u + (r * HV + hv) * V + ov, mask=mv, other=0.)
+            h = tl.exp(tl.load(g + r * HV + hv).to(tl.float32)) * h + kt[:, None] * ut[None, :]
+        ts = t + (t >= sk).to(tl.int32)
+        tl.store(dst + ((b * S_dst + ts) * HV + hv) * K * V + tile, h.to(dst.dtype.element_ty), mask=m2)
 
 
 @triton.jit
