@@ -325,11 +325,11 @@ def print_summary(console, result: dict[str, Any]) -> None:
         res = result.get(name)
         if not res:
             continue
-        t = make_table(f"{name}: delta checkpoints, compression vs a bf16 checkpoint (median [min, max] over tokens)",
+        t = make_table(f"{name}: delta checkpoints, compression vs a bf16 checkpoint: median (min, max) over tokens",
                        ["layer", *[c for c in res["deltas"][0] if c not in ("layer", "one_minus_decay")],
                         "1 - a_t (median)"], left=1)
         for d in res["deltas"]:
-            cells = [f"{d[c]['vs_bf16']['median']:.2f} [{d[c]['vs_bf16']['min']:.2f}, {d[c]['vs_bf16']['max']:.2f}]"
+            cells = [f"{d[c]['vs_bf16']['median']:.2f} ({d[c]['vs_bf16']['min']:.2f}, {d[c]['vs_bf16']['max']:.2f})"
                      for c in d if c not in ("layer", "one_minus_decay")]
             t.add_row(str(d["layer"]), *cells,
                       f"{d['one_minus_decay']['median']:.3g}" if "one_minus_decay" in d else "-")
