@@ -131,6 +131,73 @@ def layer_vs_batch(result: dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def forks_vs_batch(result: dict[str, Any]) -> plt.Figure:
+    """store_all's verify node by node and depth by depth against batch, one panel per tree; and the forks' share
+    of the measured 35B step."""
+    rows = result["forks"]["rows"]
+    drafts = list(dict.fromkeys(r["draft"] for r in rows))
+    fig, axes = plt.subplots(1, len(drafts) + 1, figsize=(3.8 * (len(drafts) + 1), 3.4), squeeze=False)
+    for ax, d in zip(axes.flat, drafts):
+        for fork, style in (("node", "-o"), ("depth", "--s")):
+            pts = sorted((r["batch"], 1e6 * r["verify_s"]) for r in rows if r["draft"] == d and r["fork"] == fork)
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"fork: {fork}")
+        n = next(r["nodes"] for r in rows if r["draft"] == d)
+        ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="store_all verify, µs per layer",
+               title=f"{d} (N={n})")
+        _ticks(ax, [r["batch"] for r in rows if r["draft"] == d])
+        ax.legend(fontsize=8)
+    ax = axes.flat[-1]
+    for d in drafts:
+        for fork, style in (("node", "-o"), ("depth", "--s")):
+            pts = sorted((r["batch"], 100 * r["fork_fraction_of_step"]) for r in rows
+                         if r["draft"] == d and r["fork"] == fork)
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"{d} {fork}")
+    ax.axhline(2, color="grey", lw=0.8)
+    ax.text(1, 2.3, "write-up: < 2%", fontsize=7, color="grey")
+    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="forks per step, % of the measured step",
+           title="the forks' share of a step")
+    _ticks(ax, [r["batch"] for r in rows])
+    ax.legend(fontsize=6)
+    fig.suptitle(_title(result, "store_all's forks: node by node vs depth by depth"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _forks_table(result: dict[str, Any]) -> str:
+    e = html.escape
+    parts = []
+    rows = (result.get("forks") or {}).get("rows") or []
+    if rows:
+        ref = result["forks"].get("step_reference") or {}
+        head = ["draft", "N", "batch", "fork", "verify µs", "without snapshots µs", "forks µs", "forks per step ms",
+                "measured step ms (batch)", "% of step"]
+        body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
+            r["draft"], r["nodes"], r["batch"], r["fork"], f"{1e6 * r['verify_s']:.1f}",
+            f"{1e6 * r['verify_nostore_s']:.1f}", f"{1e6 * r['fork_s']:.1f}", f"{1e3 * r['fork_step_s']:.2f}",
+            f"{1e3 * r['step_s']:.1f} ({r['step_running']:.0f})", f"{100 * r['fork_fraction_of_step']:.1f}"))
+            + "</tr>" for r in rows)
+        parts.append(f"<h2>store_all's forks</h2><p>Forks = verify minus the same kernel without its snapshot writes; "
+                     f"per step = x {result['num_layers']} GDN layers, against the measured store_all step of "
+                     f"{e(str(ref.get('folder')))} nearest in batch (TPOT x acceptance length).</p>"
+                     f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>")
+    rows = (result.get("selective") or {}).get("rows") or []
+    if rows:
+        head = ["draft", "N", "batch", "kept %", "verify µs", "store_all verify µs", "commit µs",
+                "store_all commit µs", "recoveries %", "redone", "step x store_all"]
+        body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
+            r["draft"], r["nodes"], r["batch"], f"{100 * r['kept_fraction']:.0f}",
+            f"{1e6 * r['store_selective_verify_s']:.1f}", f"{1e6 * r['store_all_verify_s']:.1f}",
+            f"{1e6 * r['store_selective_commit_s']:.1f}", f"{1e6 * r['store_all_commit_s']:.1f}",
+            f"{100 * r['recovery_fraction']:.0f}", f"{r['redone_per_recovery']:.2f}", f"{r['step_ratio']:.2f}"))
+            + "</tr>" for r in rows)
+        parts.append("<h2>store_selective's kernels</h2><p>Confidences and accepted nodes drawn from the measured "
+                     f"profile ({e(str(rows[0].get('profile')))}), threshold {rows[0].get('threshold')}.</p>"
+                     f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>")
+    return "".join(parts)
+
+
 def _layer_table(result: dict[str, Any]) -> str:
     e = html.escape
     rows = result.get("layer", {}).get("rows", [])
@@ -165,6 +232,8 @@ def write_report(result: dict[str, Any], path: Path) -> Path:
         figs += [("Time per step", step_vs_nodes(result)), ("Bandwidth", bandwidth_fraction(result))]
     if result["solve"]:
         figs.append(("Solve", solve_vs_nodes(result)))
+    if (result.get("forks") or {}).get("rows"):
+        figs.append(("Forks", forks_vs_batch(result)))
     over = any(max(r.get("verify_fraction_of_copy") or 0, r.get("commit_fraction_of_copy") or 0) > 1
                for r in result["rows"]) or any((r.get("fraction_of_copy") or 0) > 1
                                                for r in result.get("layer", {}).get("rows", []))
@@ -203,6 +272,7 @@ Triton {e(str(result.get('triton')))}, torch {e(str(prov.get('torch')))}, commit
 {imgs}
 {f"<p>{e(OVER_COPY)}</p>" if over else ""}
 {_layer_table(result)}
+{_forks_table(result)}
 {"<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + body_rows + "</table>" if body_rows else ""}
 </body></html>"""
     atomic_write(path, doc)     # as the sweep's report: never half a page where a good one was
