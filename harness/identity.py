@@ -12,6 +12,7 @@ settings or the data behind a workload would otherwise write into one folder as 
     run          seed, max_num_seqs, max_model_len, max_num_batched_tokens; the request-count rule (a folder) or
                  count (a point)
     workloads    per swept workload: its settings and the sha256 of the file it reads (null for a generated one)
+    strategies   per strategy of the grid: its run options (conf/strategies/), which its point id does not spell
     analysis     the baseline and the thresholds (sweep.json only: they decide the verdicts, not the points)
 
 Provenance (commit, host, versions, time) is not identity: a sweep resumes across hosts and commits. The grid's
@@ -110,6 +111,9 @@ def point_identity(p: dict[str, Any], hash_source: bool = True) -> dict[str, Any
         "run": {k: p.get(k) for k in RUN_KEYS},
         "requests": p.get("requests"),
         "workloads": {p["workload_name"]: workload_identity(p["workload"], hash_source)},
+        # a strategy's run options change its numbers (buffer_len, store_selective's threshold, store_delta's
+        # codec) while its point id does not say them: a resume with other options is another experiment
+        "strategies": {p["strategy"]: dict(p.get("strategy_options") or {})},
     }
 
 
@@ -129,6 +133,7 @@ def sweep_identity(points: Iterable[dict[str, Any]], baseline: str | None, thres
             if one[k] != out[k]:
                 raise ValueError(f"the grid's points differ in {k}: {one[k]} vs {out[k]}")
         out["workloads"].update(one["workloads"])
+        out["strategies"].update(one["strategies"])
     out = out or {"workloads": {}}
     if requests is not None:
         out["run"] = {**out.get("run", {}), "requests": requests}
@@ -140,7 +145,7 @@ def with_hash(identity: dict[str, Any]) -> dict[str, Any]:
     """``identity`` with ``hash``: a digest of everything but the workloads' and the analysis' (which a folder may
     extend), for quick comparison in summaries."""
     return {**identity, "hash": _digest({k: v for k, v in identity.items()
-                                         if k not in ("workloads", "analysis", "hash")})}
+                                         if k not in ("workloads", "analysis", "hash", "strategies")})}
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

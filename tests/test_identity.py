@@ -78,6 +78,7 @@ def test_compare_reads_read_only_folders_writes_nowhere_and_names_what_the_two_s
     ("max_num_seqs=64", "run.max_num_seqs"),
     ("baseline=treewy", "analysis.baseline"),
     ("workload.filters.max_prompt_len=512", "workloads.spec_bench.settings.filters"),
+    ("strategies.store_all.fork=depth", "strategies.store_all.fork"),   # a run option: not in the point id
 ])
 def test_a_setting_that_changes_results_is_part_of_the_identity(tmp_path, capsys, override, field):
     out = tmp_path / "s"
