@@ -108,8 +108,9 @@ def tiny_states(model, prompt: list[int], n_new: int) -> list[torch.Tensor]:
 
 def delta_rows(states: torch.Tensor, start: int, codecs: list[str], threshold: float) -> dict[str, dict[str, list]]:
     """Per codec, per token t >= ``start`` (t >= 1): the compression of its checkpoint as a delta from token
-    t-1's, against a bf16 checkpoint and an fp32 one, and the restored state's relative error; plus the sparse
-    codec's kept fraction. The states as vLLM holds them, in float32 (``exact``: a float32 delta)."""
+    t-1's, against a bf16 checkpoint (sparse values in bf16; the error is this one's) and an fp32 one (sparse
+    values in fp32), and the restored state's relative error; plus the sparse codec's kept fraction. The states as
+    vLLM holds them, in float32 (``exact``: a float32 delta)."""
     states = states.float()
     HV, K, V = states.shape[1:]
     E = HV * K * V
@@ -117,9 +118,12 @@ def delta_rows(states: torch.Tensor, start: int, codecs: list[str], threshold: f
     delta = child - parent
     out: dict[str, dict[str, list]] = {}
     for codec in codecs:
+        # against a bf16 checkpoint the deltas' values (sparse's) are bf16; against an fp32 one, fp32
         decoded, nbytes = encode_decode(delta, child, codec, threshold, torch.bfloat16)
+        _, nbytes32 = encode_decode(delta, child, codec, threshold, torch.float32)
         err = (decoded - delta).flatten(1).norm(dim=1) / child.flatten(1).norm(dim=1).clamp(min=1e-300)
-        row = {"vs_bf16": (2 * E / nbytes).tolist(), "vs_fp32": (4 * E / nbytes).tolist(), "rel_error": err.tolist()}
+        row = {"vs_bf16": (2 * E / nbytes).tolist(), "vs_fp32": (4 * E / nbytes32).tolist(),
+               "rel_error": err.tolist()}
         if codec == "sparse":
             scale = child.abs().amax(dim=(1, 2, 3), keepdim=True)
             row["kept_fraction"] = (delta.abs() > threshold * scale).flatten(1).double().mean(1).tolist()
@@ -259,7 +263,8 @@ def tiny_study(c: DictConfig, progress: Callable[[str], None]) -> tuple[dict[str
             t = strat.totals
             layers = sum(k == "gdn" for k in tiny.layer_kinds)
             steps = t["commits"] / layers
-            roots = t["commits"] if float(thr) < 1.0 else 0          # the root (confidence 1): always skipped
+            # the root (confidence 1) skips its checkpoint below threshold 1, unless a tree's children fork from it
+            roots = t["commits"] if float(thr) < 1.0 and tree.is_chain else 0
             out["selective"].append({
                 "draft": tree.label, "threshold": float(thr), "steps": steps,
                 "skipped_fraction": t["skipped"] / t["nodes"],

@@ -50,7 +50,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
      "harness.acceptance.cli:vllm_gate", ()),
     (("checkpoints",), "checkpoints",
      "the fork/checkpoint write-up's claims on real states and drafts: draft confidences, selective fork's skipped "
-     "checkpoints and recoveries, delta checkpoints' compression per GDN layer (CPU, ~5 min)",
+     "checkpoints and recoveries, delta checkpoints' compression per GDN layer (CPU, ~30 s)",
      "harness.checkpoints:run", ()),
     (("memory",), "memory",
      "speculative GDN state per request for each strategy and draft shape (model=..., drafts=...)",

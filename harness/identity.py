@@ -142,8 +142,9 @@ def sweep_identity(points: Iterable[dict[str, Any]], baseline: str | None, thres
 
 
 def with_hash(identity: dict[str, Any]) -> dict[str, Any]:
-    """``identity`` with ``hash``: a digest of everything but the workloads' and the analysis' (which a folder may
-    extend), for quick comparison in summaries."""
+    """``identity`` with ``hash``: a digest of everything but the workloads', the strategies' options and the
+    analysis' (which a folder may extend: a grid adds a workload or a strategy), for quick comparison in summaries;
+    a resume compares the whole identity (:func:`differences`)."""
     return {**identity, "hash": _digest({k: v for k, v in identity.items()
                                          if k not in ("workloads", "analysis", "hash", "strategies")})}
 

@@ -151,13 +151,13 @@ def forks_vs_batch(result: dict[str, Any]) -> plt.Figure:
     for d in drafts:
         for fork, style in (("node", "-o"), ("depth", "--s")):
             pts = sorted((r["batch"], 100 * r["fork_fraction_of_step"]) for r in rows
-                         if r["draft"] == d and r["fork"] == fork)
+                         if r["draft"] == d and r["fork"] == fork and r.get("fork_fraction_of_step") is not None)
             if pts:
                 ax.plot(*zip(*pts), style, label=f"{d} {fork}")
     ax.axhline(2, color="grey", lw=0.8)
     ax.text(1, 2.3, "write-up: < 2%", fontsize=7, color="grey")
     ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="forks per step, % of the measured step",
-           title="the forks' share of a step")
+           title="the forks' share of a step at its batch")
     _ticks(ax, [r["batch"] for r in rows])
     ax.legend(fontsize=6)
     fig.suptitle(_title(result, "store_all's forks: node by node vs depth by depth"), fontsize=9)
@@ -172,15 +172,18 @@ def _forks_table(result: dict[str, Any]) -> str:
     if rows:
         ref = result["forks"].get("step_reference") or {}
         head = ["draft", "N", "batch", "fork", "verify µs", "without snapshots µs", "forks µs", "forks per step ms",
-                "measured step ms (batch)", "% of step"]
+                "µs per fork", "measured step ms (batch)", "% of step"]
         body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
             r["draft"], r["nodes"], r["batch"], r["fork"], f"{1e6 * r['verify_s']:.1f}",
             f"{1e6 * r['verify_nostore_s']:.1f}", f"{1e6 * r['fork_s']:.1f}", f"{1e3 * r['fork_step_s']:.2f}",
-            f"{1e3 * r['step_s']:.1f} ({r['step_running']:.0f})", f"{100 * r['fork_fraction_of_step']:.1f}"))
+            f"{r['fork_per_node_us']:.1f}" if r.get("fork_per_node_us") is not None else "–",
+            "–" if r.get("step_s") is None else f"{1e3 * r['step_s']:.1f} ({r['step_running']:.0f})",
+            "–" if r.get("fork_fraction_of_step") is None else f"{100 * r['fork_fraction_of_step']:.1f}"))
             + "</tr>" for r in rows)
-        parts.append(f"<h2>store_all's forks</h2><p>Forks = verify minus the same kernel without its snapshot writes; "
-                     f"per step = x {result['num_layers']} GDN layers, against the measured store_all step of "
-                     f"{e(str(ref.get('folder')))} nearest in batch (TPOT x acceptance length).</p>"
+        parts.append(f"<h2>store_all's forks</h2><p>Forks = verify minus the same kernel without its snapshot writes "
+                     f"(their marginal cost); per step = x {result['num_layers']} GDN layers, against the measured "
+                     f"store_all step of {e(str(ref.get('folder')))} at the same batch, within 1.5x (TPOT x "
+                     "acceptance length); µs per fork: one node of one request, every GDN layer.</p>"
                      f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>")
     rows = (result.get("selective") or {}).get("rows") or []
     if rows:

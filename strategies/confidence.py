@@ -77,10 +77,14 @@ class ConfidenceProfile:
                          f"drafter's profile), which a threshold of {threshold} < 0.5 needs; measure a tree drafter")
 
     def checkpoint_probabilities(self, tree: DraftTree, threshold: float) -> list[float]:
-        """Per node of ``tree``, the chance that it keeps its checkpoint (confidence at or below ``threshold``).
-        The engine's root (node 0 of a rooted tree) was sampled, confidence 1."""
+        """Per node of ``tree``, the chance that it keeps its checkpoint (confidence at or below ``threshold``, or
+        on a branching tree children to fork from it: ``store_selective.keep_mask``). The engine's root (node 0
+        of a rooted tree) was sampled, confidence 1."""
         out = []
         for t, p in enumerate(tree.parents):
+            if not tree.is_chain and tree.children(t):
+                out.append(1.0)
+                continue
             if tree.has_root and t == 0:
                 out.append(0.0 if 1.0 > threshold else 1.0)
                 continue

@@ -7,7 +7,7 @@ one of four codecs (``codec``):
 - ``exact``: Δ in the arithmetic's precision (float32 for bf16/fp32 states, float64 for fp64): lossless, and
   no smaller than a checkpoint (the write-up's "one addition on restore" is all it changes);
 - ``sparse``: the entries of Δ above ``threshold`` x max|S_t| (1e-3 by default; 0 keeps every nonzero entry,
-  lossless), values in the state's dtype, counted as the smaller of a coordinate list (value + int32 index per
+  lossless on a float32/float64 state), values in the state's dtype (so a bf16 state's deltas round), counted as the smaller of a coordinate list (value + int32 index per
   entry) and a bitmap (one bit per entry) plus the values;
 - ``bf16`` and ``fp8_e4m3``: Δ rounded to bfloat16, or to float8 e4m3 with a float32 scale per value head
   (max|Δ| / 448) — lossy.
@@ -88,9 +88,11 @@ class StoreDelta(CommittedState):
         self.codec, self.threshold = codec, threshold
         self.fork = check_fork(fork, self.name)
 
-    @property
-    def lossless(self) -> bool:
-        return self.codec in LOSSLESS or (self.codec == "sparse" and self.threshold == 0.0)
+    def lossless(self, state_dtype=torch.float32) -> bool:
+        """Whether a restored state is the verify's own, to rounding, on states of ``state_dtype``: the exact codec
+        always; sparse at threshold 0 where its values (in the state's dtype) hold the deltas exactly, fp32/fp64."""
+        wide = as_dtype(state_dtype) in (torch.float32, torch.float64)
+        return self.codec in LOSSLESS or (self.codec == "sparse" and self.threshold == 0.0 and wide)
 
     def _verify(self, carry, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float) -> Verified:
         dt = compute_dtype(carry.dtype)

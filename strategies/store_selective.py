@@ -3,12 +3,14 @@
 The fork/checkpoint write-up's selective fork: a node whose draft confidence (the drafter's probability of
 its token given its parent) is above ``threshold`` (0.95) will almost surely be accepted, and an accepted
 node's checkpoint is only ever read when it is the *last* accepted one, so it is not written. Verify computes
-every node's state as store_all does (a child still forks from its parent's state, held only for the verify)
-and keeps the checkpoints of the other nodes, packed. For each node without a checkpoint it keeps what the
-gated delta rule needs to redo that node from its parent's state: the pseudo-value ``u_t`` with its key and
-log decay (``h_t = e^{g_t} h_p + k_t ⊗ u_t``, the same stash slot as TreeWY's). Commit of a node without a
-checkpoint (a recovery) starts from its nearest checkpointed ancestor, or the committed state, and redoes the
-few nodes below it: the same arithmetic as the verify, so the state is the same bit for bit.
+every node's state as store_all does and keeps the checkpoints of the other nodes, packed — and, on a branching
+tree, of every node with children, whose children fork from it in another program or launch (the Triton kernel
+holds one state in registers, a parent's only along a chain; :func:`keep_mask`). For each node without a
+checkpoint it keeps what the gated delta rule needs to redo that node from its parent's state: the pseudo-value
+``u_t`` with its key and log decay (``h_t = e^{g_t} h_p + k_t ⊗ u_t``, the same stash slot as TreeWY's). Commit
+of a node without a checkpoint (a recovery) starts from its nearest checkpointed ancestor, or the committed state,
+and redoes the few nodes below it: the same arithmetic as the verify, so in float32/float64 the state is
+store_all's bit for bit (a bf16 state recovers from a checkpoint already rounded to bf16: within that rounding).
 
 Memory: a request must still reserve every checkpoint (a step whose drafts are all unsure needs them all):
 ``footprint`` is store_all's, and vLLM's planner, which fixes the pages per request at ``1 + k``, saves
@@ -29,6 +31,16 @@ from .confidence import ConfidenceProfile
 from .inputs import StepShape, compute_dtype, expand_heads
 from .store_all import check_fork, fork_states
 from .tree import DraftTree
+
+
+def keep_mask(tree: DraftTree, confidence: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``[B, N]`` bool: the nodes that keep their checkpoint: confidence at or under ``threshold``, and on a branching
+    tree every node with children (its children read its state back). A chain runs its state down in registers."""
+    keep = confidence <= threshold
+    if not tree.is_chain:
+        inner = torch.tensor([bool(tree.children(t)) for t in range(tree.num_nodes)], device=keep.device)
+        keep = keep | inner[None]
+    return keep
 
 
 def recovery_plan(slot: list[int], tree: DraftTree, accepted: int) -> tuple[int, list[int]]:
@@ -66,7 +78,7 @@ class StoreSelective(CommittedState):
         # u_t = β_t (v_t - e^{g_t} h_pᵀk_t): what redoes node t from its parent's state, as the verify did it
         states, o, u = fork_states(carry.to(dt), expand_heads(q, s.HV).to(dt), kh, v.to(dt), g.to(dt),
                                    beta.to(dt), tree, scale, self.fork)
-        keep = confidence <= self.threshold                         # [B, N]: these nodes get their checkpoint
+        keep = keep_mask(tree, confidence, self.threshold)          # [B, N]: these nodes get their checkpoint
         slot = torch.full((s.B, s.N), -1, dtype=torch.long, device=carry.device)
         slot[keep] = torch.arange(int(keep.sum()), device=carry.device)
         return Verified(o.to(carry.dtype), tree, s, {"checkpoints": states[keep].to(carry.dtype), "slot": slot,
@@ -103,13 +115,14 @@ class StoreSelective(CommittedState):
         return tree.num_drafts + 1, 0
 
     def expected_footprint(self, tree: DraftTree) -> tuple[float, float]:
-        """(full state pages, stash token slots) held on average per layer and request, with each draft's
-        chance of a checkpoint from the measured confidences (``confidences``): the committed state, the
-        checkpointed drafts, and a stash slot (u, k, g) per draft without one. The engine's root token is
-        accepted by construction (confidence 1): never checkpointed, always a stash slot."""
+        """(full state pages, stash token slots) held on average per layer and request, with each node's chance
+        of a checkpoint from the measured confidences (``confidences``): the committed state, the checkpointed
+        drafts, and a stash slot (u, k, g) per node without one. The engine's root token (confidence 1) is
+        checkpointed only at threshold 1, into the committed state's page as store_all's is (its footprint counts
+        1 + drafts pages for a rooted tree); below that it is a stash slot."""
         p = self._profile().checkpoint_probabilities(tree, self.threshold)
-        kept = float(sum(p))
-        return 1.0 + kept, tree.num_nodes - kept
+        drafts = p[1:] if tree.has_root else p
+        return 1.0 + float(sum(drafts)), float(sum(1.0 - x for x in p))
 
     def held_memory(self, shape, tree, state_dtype="bfloat16", stash_dtype=None, conv_dtype="bfloat16"):
         """The expected checkpoints and stash slots (:meth:`expected_footprint`), as a StateMemory whose
@@ -124,7 +137,9 @@ class StoreSelective(CommittedState):
 
     def step_traffic(self, tree, state_bytes, token_stash_bytes, mean_tokens) -> float:
         # the committed state read, the kept checkpoints written, the others' stash slots written; commit reads
-        # a checkpoint (or the state) plus, on a recovery, the redone nodes' slots, and writes the state
+        # a checkpoint (or the state) plus, on a recovery, the redone nodes' slots, and writes the state. The
+        # recoveries come from the profile's measured steps (its drafter's own acceptance, joint with its
+        # confidences), not from mean_tokens: a point's synthetic acceptance has no confidences to go with it
         pages, slots = self.expected_footprint(tree)
         recovery = self._profile().expected_recovery(tree, self.threshold)
         return (pages * state_bytes + slots * token_stash_bytes

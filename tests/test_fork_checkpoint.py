@@ -61,10 +61,11 @@ def test_selective_commits_every_node_at_every_threshold(widths, threshold, dtyp
         strat = strategies.get("store_selective", threshold=threshold, fork=fork)
         ver = strat.verify(state, q, k, v, g, beta, tree, confidence=conf)
         kept = int((ver.stash["slot"] >= 0).sum())
-        assert kept == int((conf <= threshold).sum()) == ver.stash["checkpoints"].shape[0]
+        want = (conf <= threshold) | torch.tensor([bool(tree.children(t)) and not tree.is_chain for t in range(N)])
+        assert kept == int(want.sum()) == ver.stash["checkpoints"].shape[0]
         got = strat.commit(state, ver, accepted)
         assert rel_err(got, accepted_state(state, states_ref, accepted)) <= TOL[dtype]
-    if threshold == 0.0:
+    if threshold == 0.0 and tree.is_chain:        # no checkpoint at all: every commit redoes its whole path
         assert strat.recovery(ver, accepted)["recovered_tokens"] == sum(len(tree.path_to(a)) for a in range(N))
 
 
@@ -95,8 +96,9 @@ def _profile(tmp_path, steps, ranks=None):
 
 def test_a_confidence_profile_gives_expected_checkpoints_and_recoveries(tmp_path):
     """Two measured chain steps: depth 0 above 0.95 in both, depth 1 in one, depth 2 in none. A rooted chain of 3
-    then keeps 0 + 1/2 + 1 checkpoints of its drafts (the root never: confidence 1); its non-top children of a tree
-    always keep theirs at 0.95 (probability <= 1/2). Recoveries: step 1 accepts 2 drafts whose last (0.99) has no
+    then keeps 0 + 1/2 + 1 checkpoints of its drafts (the root never: confidence 1); on a tree the nodes with
+    children always keep theirs (their children fork from them), and so do the non-top children at 0.95
+    (probability <= 1/2). Recoveries: step 1 accepts 2 drafts whose last (0.99) has no
     checkpoint and neither have the ones above it: 3 nodes from the committed state; step 2 accepts 3, the last
     (0.2) is checkpointed."""
     prof = _profile(tmp_path, [{"confidence": [0.99, 0.97, 0.3], "accepted": 2},
@@ -104,12 +106,16 @@ def test_a_confidence_profile_gives_expected_checkpoints_and_recoveries(tmp_path
     chain = DraftTree.chain(3, root=True)
     assert prof.checkpoint_probabilities(chain, 0.95) == [0.0, 0.0, 0.5, 1.0]
     tree = DraftTree.from_widths((2, 2), root=True)         # root, a(top), a1, a2, b, b1, b2
-    assert prof.checkpoint_probabilities(tree, 0.95) == [0.0, 0.0, 0.5, 1.0, 1.0, 0.5, 1.0]
+    assert prof.checkpoint_probabilities(tree, 0.95) == [1.0, 1.0, 0.5, 1.0, 1.0, 0.5, 1.0]
     assert prof.expected_recovery(chain, 0.95) == {"probability": 0.5, "tokens": 3.0}
     strat = strategies.get("store_selective", confidences=str(tmp_path / "conf.json"))
     assert strat.expected_footprint(chain) == (2.5, 2.5)
+    # at threshold 1 every checkpoint is kept: store_all's pages (the root's in the committed state's page)
+    every = strategies.get("store_selective", threshold=1.0, confidences=str(tmp_path / "conf.json"))
+    assert every.expected_footprint(chain) == (store := strategies.get("store_all").footprint(chain)[0], 0.0)
+    assert store == 4
     with pytest.raises(ValueError, match="rank 1.*threshold of 0.3 < 0.5"):
-        prof.checkpoint_probabilities(tree, 0.3)
+        prof.checkpoint_probabilities(DraftTree.from_widths((1, 2), root=True), 0.3)
     with pytest.raises(ValueError, match="confidences=.*nope.json: no such file"):
         ConfidenceProfile.load(tmp_path / "nope.json")
     (tmp_path / "bad.json").write_text("{}")
@@ -129,7 +135,7 @@ def test_lossless_deltas_restore_every_node(widths, opts, dtype):
     state, q, k, v, g, beta = make_step(tree, B=N + 1, dtype=dtype, seed=6)
     _, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
     strat = strategies.get("store_delta", **opts)
-    assert strat.lossless
+    assert strat.lossless(dtype) and (opts["codec"] == "exact") == strat.lossless(torch.bfloat16)
     accepted = torch.arange(-1, N)
     got = strat.commit(state, strat.verify(state, q, k, v, g, beta, tree), accepted)
     assert rel_err(got, accepted_state(state, states_ref, accepted)) <= TOL[dtype]
@@ -143,7 +149,7 @@ def test_lossy_deltas_round_once_per_restore_not_once_per_depth(codec, bound):
     state, q, k, v, g, beta = make_step(tree, B=8, dtype=torch.float64, seed=8, g_range=(-0.05, 0.0))
     _, states_ref = tree_recurrence(state, q, k, v, g, beta, tree)
     strat = strategies.get("store_delta", codec=codec)
-    assert not strat.lossless
+    assert not strat.lossless(torch.float64)
     ver = strat.verify(state, q, k, v, g, beta, tree)
     err = [rel_err(strat.commit(state, ver, torch.full((8,), a)), states_ref[:, a]) for a in range(48)]
     assert 0 < max(err) <= bound and max(err[-8:]) <= 2 * max(err[:8])

@@ -431,6 +431,21 @@ def campaign_steps(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def attach_step(row: dict[str, Any], steps: list[dict[str, Any]], match: float = 1.5) -> dict[str, Any]:
+    """Set ``row``'s reference step: the measured step whose mean running batch is nearest ``row['batch']``, if
+    within a factor ``match`` of it (a step at another batch is another step: fork time grows with the batch);
+    else None, and no fraction. Also the forks' time per node and request, every GDN layer (the write-up prices
+    one fork: 6 us per 12 MB)."""
+    B = row["batch"]
+    near = [s for s in steps if s["mean_running"] and 1 / match <= s["mean_running"] / B <= match]
+    best = min(near, key=lambda s: abs(s["mean_running"] - B)) if near else None
+    row.update(step_point=best and best["point"], step_s=best and best["step_s"],
+               step_running=best and best["mean_running"],
+               fork_fraction_of_step=best and row["fork_step_s"] / best["step_s"],
+               fork_per_node_us=1e6 * row["fork_step_s"] / (B * row["nodes"]))
+    return row
+
+
 def _fork_row(tree: DraftTree, B: int, fork: str, shape: GDNShape, cfg: DictConfig, gen, device,
               tiles: dict[str, int]) -> dict[str, Any]:
     """store_all's verify in one fork order with and without its snapshot writes: the forks' own time."""
@@ -515,8 +530,9 @@ def _selective_section(result, shape, cfg, gen, device, console, out) -> None:
 
 def _forks_section(result, shape, cfg, gen, device, console, out) -> None:
     """store_all's verify node by node against depth by depth on the trees of ``forks.drafts``, and the forks'
-    time per step (verify minus the same kernel without its snapshot writes, x GDN layers) against the measured
-    35B steps of ``forks.step_reference``; each (draft, batch, order) saved as it is done."""
+    marginal time per step (verify minus the same kernel without its snapshot writes, x GDN layers) against the
+    measured 35B step at the same batch (:func:`attach_step`) of ``forks.step_reference``; each (draft, batch,
+    order) saved as it is done."""
     fc = cfg.forks
     folder = Path(str(fc.step_reference))
     ref = campaign_steps(folder if folder.is_absolute() else Path(__file__).resolve().parents[2] / folder)
@@ -538,14 +554,13 @@ def _forks_section(result, shape, cfg, gen, device, console, out) -> None:
                                              "batch": int(B), "reason": reason})
                     torch.cuda.empty_cache()
                     continue
-                near = min(ref, key=lambda s: abs(s["mean_running"] - int(B)))
-                row.update(step_point=near["point"], step_s=near["step_s"], step_running=near["mean_running"],
-                           fork_fraction_of_step=row["fork_step_s"] / near["step_s"])
+                attach_step(row, ref)
                 result["forks"]["rows"].append(row)
+                share = ("no measured step at this batch" if row["step_s"] is None else
+                         f"{100 * row['fork_fraction_of_step']:.2f}% of a {1e3 * row['step_s']:.1f} ms step")
                 console.print(f"    forks {tree.label} B={int(B):<3d} {fork:5s} verify {1e6 * row['verify_s']:9.1f} us,"
                               f" without snapshots {1e6 * row['verify_nostore_s']:9.1f} us: forks "
-                              f"{1e3 * row['fork_step_s']:.3f} ms per step, "
-                              f"{100 * row['fork_fraction_of_step']:.2f}% of a {1e3 * near['step_s']:.1f} ms step")
+                              f"{1e3 * row['fork_step_s']:.3f} ms per step, {share}")
                 _save(out, result)
 
 
@@ -768,16 +783,17 @@ def print_tables(console, result: dict[str, Any]) -> None:
     forks = (result.get("forks") or {}).get("rows") or []
     if forks:
         t = make_table(f"store_all's forks: node by node vs depth by depth ({result['device']}, one layer); forks = "
-                       f"verify - verify without snapshot writes; per step = x {L} GDN layers, against the measured "
-                       "35B store_all step nearest in batch", ["draft", "batch", "fork", "verify us", "no-snapshot us",
-                                                               "forks us", "GB/s", "forks/step ms", "step ms",
-                                                               "% of step"], left=3)
+                       f"verify - verify without snapshot writes (their marginal cost); per step = x {L} GDN layers, "
+                       "against the measured 35B store_all step at the same batch (within 1.5x)",
+                       ["draft", "batch", "fork", "verify us", "no-snapshot us", "forks us", "GB/s", "forks/step ms",
+                        "us/fork", "step ms", "% of step"], left=3)
         for r in forks:
             t.add_row(f"{r['draft']} (N={r['nodes']})", str(r["batch"]), r["fork"], f"{1e6 * r['verify_s']:.1f}",
                       f"{1e6 * r['verify_nostore_s']:.1f}", f"{1e6 * r['fork_s']:.1f}",
                       "-" if not r["fork_bandwidth"] else f"{r['fork_bandwidth'] / 1e9:,.0f}",
-                      f"{1e3 * r['fork_step_s']:.2f}", f"{1e3 * r['step_s']:.1f} (B~{r['step_running']:.0f})",
-                      f"{100 * r['fork_fraction_of_step']:.1f}")
+                      f"{1e3 * r['fork_step_s']:.2f}", f"{r['fork_per_node_us']:.1f}",
+                      "-" if r["step_s"] is None else f"{1e3 * r['step_s']:.1f} (B~{r['step_running']:.0f})",
+                      "-" if r["step_s"] is None else f"{100 * r['fork_fraction_of_step']:.1f}")
         console.print(t)
     sel = (result.get("selective") or {}).get("rows") or []
     if sel:

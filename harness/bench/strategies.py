@@ -75,7 +75,9 @@ def bench_draft(cfg: DictConfig, spec: Any, shape: GDNShape, state_dtype: str) -
              for _ in range(int(cfg.steps))]
     selective = strategy_configs.configured(cfg, "store_selective") if "store_selective" in strategies.names() \
         else None
-    if selective is not None:     # draft confidences as the configured profile measured them (the trained MTP's)
+    # draft confidences as the configured profile measured them (the trained MTP's), drawn apart from the accepted
+    # nodes above (every strategy runs the same steps): store_selective's recoveries here are not the profile's
+    if selective is not None:
         profile = selective._profile()
         steps = [(i, a, profile.sample(tree, B, gen)) for i, a, _ in steps]
     runs: dict[str, Any] = {}

@@ -256,8 +256,7 @@ class StoreSelectiveKernel(StoreAllKernel):
     """``store_selective`` on Triton: store_all's node-by-node kernel writing a snapshot only for the nodes at or
     under the confidence threshold, the others' pseudo-values u instead; commit moves the slot where the accepted
     node has its snapshot and launches :func:`.triton_kernels.selective_recover` for the rows that need a
-    recovery. On a tree a node with children keeps its snapshot whatever its confidence (the children read it
-    back: the kernel holds one state in registers, the parent's only along a chain)."""
+    recovery. Which nodes keep their snapshot is the torch strategy's rule (``store_selective.keep_mask``)."""
 
     uses_confidence = True
     options = ("threshold",)
@@ -266,17 +265,12 @@ class StoreSelectiveKernel(StoreAllKernel):
         StoreAllKernel.__init__(self, block_v, num_warps)
         self.threshold = store_selective_mod.StoreSelective(threshold=threshold).threshold
 
-    def keep_mask(self, tree: DraftTree, confidence: torch.Tensor) -> torch.Tensor:
-        """``[B, N]`` bool: the nodes that get a snapshot (at or under the threshold, or with children on a tree)."""
-        keep = confidence <= self.threshold
-        if not tree.is_chain:
-            inner = torch.tensor([bool(tree.children(t)) for t in range(tree.num_nodes)], device=keep.device)
-            keep = keep | inner[None]
-        return keep
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(threshold={self.threshold})"
 
     def _verify(self, carry: Snapshots, q, k, v, g, beta, tree: DraftTree, s: StepShape, scale: float,
                 confidence: torch.Tensor | None = None) -> Verified:
-        keep = self.keep_mask(tree, confidence.to(carry.base.device))
+        keep = store_selective_mod.keep_mask(tree, confidence.to(carry.base.device), self.threshold)
         u = torch.empty(s.B, s.N, s.HV, s.V, dtype=torch.float32, device=carry.base.device)
         ver = self._launch(carry, q, k, v, g, beta, tree, s, scale,
                            select=(keep.to(torch.int8).contiguous(), u))
