@@ -199,6 +199,13 @@ def test_vllm_refuses_the_variants_its_planner_cannot_use():
         why = VLLMEngine.runs_strategy(name)
         assert why and "1 + k whole GDN state pages" in why and "engine=sim" in why
     assert VLLMEngine.runs_strategy("store_all") is None
+    # the in-engine gate refuses them before any engine starts
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "harness", "acceptance", "vllm", "strategy=[store_all,store_delta]"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "strategy=store_delta: the in-engine gate runs what vLLM runs" in run.stderr
 
 
 # -- the acceptance gate -----------------------------------------------------------------------------

@@ -281,6 +281,12 @@ def run_gate(c: dict[str, Any], out_dir: Path, progress: Callable[[str], None] =
         if not [s for s in c["strategy"] if s != "store_all"]:
             raise ValueError(f"fault={fault}: the faults live in the plugin's paged op, which store_all does not "
                              "run; add a strategy such as treewy")
+    from ..engines.vllm.engine import VLLMEngine
+
+    for s in c["strategy"]:
+        why = VLLMEngine.runs_strategy(s)
+        if why:
+            raise ValueError(f"strategy={s}: the in-engine gate runs what vLLM runs, and {why}")
     heldout = int(c["heldout"])
     if int(c["prompts"]) > heldout:
         raise ValueError(f"prompts={c['prompts']}: the training held out only Spec-Bench's first {heldout} "
