@@ -41,10 +41,18 @@ def _load_label(load: dict) -> tuple[str, float]:
     return f"{load['kind']} rate", float(load["rate"])
 
 
+def split_memory(memory: str) -> tuple[str, str]:
+    """A row's ``memory`` (:func:`harness.point.memory_budget`: ``gmu0.9``, ``kv32MiB``, ``gmu0.6-piecewise``) as
+    (budget, variant); the variant is "" for a grid's plain points."""
+    budget, _, variant = memory.partition("-")
+    return budget, variant
+
+
 def memory_order(memory: str) -> tuple:
     """Sorts memory budgets (a row's ``memory``, :func:`harness.point.memory_budget`'s ``gmu0.9`` or ``kv32MiB``):
-    gmu budgets by fraction, fixed KV pools by size."""
-    return ("kv", float(memory[2:-3])) if memory.startswith("kv") else ("gmu", float(memory[3:]))
+    gmu budgets by fraction, fixed KV pools by size; a variant after the plain points of its budget."""
+    budget, variant = split_memory(memory)
+    return (("kv", float(budget[2:-3])) if budget.startswith("kv") else ("gmu", float(budget[3:]))) + (variant,)
 
 
 def load_text(kind: str, value: float) -> str:
@@ -53,8 +61,10 @@ def load_text(kind: str, value: float) -> str:
 
 
 def memory_title(memory: str) -> str:
-    """A memory budget as a figure or table says it: ``gmu 0.9``, ``KV pool 32 MiB``."""
-    return f"KV pool {memory[2:-3]} MiB" if memory.startswith("kv") else f"gmu {memory[3:]}"
+    """A memory budget as a figure or table says it: ``gmu 0.9``, ``KV pool 32 MiB``, ``gmu 0.6 (piecewise)``."""
+    budget, variant = split_memory(memory)
+    title = f"KV pool {budget[2:-3]} MiB" if budget.startswith("kv") else f"gmu {budget[3:]}"
+    return f"{title} ({variant})" if variant else title
 
 
 def flatten(summary: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +74,7 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
     cfg = summary["config"]
     kind, value = _load_label(cfg["load"])
     row = {"point_id": summary["point_id"], "workload": cfg["workload_name"], "memory": memory_budget(cfg),
-           "gmu": cfg["gmu"],
+           "gmu": cfg["gmu"], "variant": cfg.get("variant"),
            "load_kind": kind, "load": value, "draft": cfg.get("draft") or NO_SPEC, "strategy": cfg["strategy"],
            # what a figure's line is: the strategy, or speculation off (no strategy involved)
            "series": cfg["strategy"] if cfg.get("draft") else NO_SPEC_SERIES,

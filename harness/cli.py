@@ -163,11 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.cfg:
             from omegaconf import OmegaConf
 
+            points = None
             if args.config in GRID_CONFIGS:    # what the command would refuse before its first point, --cfg too
                 from .grid import point_configs
+                from .point import point_id
 
-                point_configs(OmegaConf.to_container(cfg, resolve=True))
+                points = [point_id(p) for p in point_configs(OmegaConf.to_container(cfg, resolve=True))]
             print(OmegaConf.to_yaml(cfg))
+            if points and len(points) > 1:     # the grid as it expands (a union of sub-grids is not the axes' product)
+                print(f"# the grid: {len(points)} points\n" + "\n".join(f"#   {i}" for i in points))
             return 0
         return int(_runner(args.target)(cfg) or 0)
     except (ValueError, FileNotFoundError) as e:

@@ -26,7 +26,8 @@ _GRAPH_SETTINGS = ("cudagraph_mode", "max_cudagraph_capture_size")   # engine se
 def compile_key(p: dict[str, Any]) -> tuple:
     """What decides the graphs a vLLM start compiles: the draft (the MTP head or none) and the strategy (the
     plugin's page shape). Not gmu: vLLM leaves gpu_memory_utilization out of its compile-cache hash."""
-    return (p.get("draft") or "", p["strategy"])
+    # a sub-grid's variant (harness.grid.sub_grids) changes engine settings, graph settings among them: its own kind
+    return (p.get("draft") or "", p["strategy"], p.get("variant") or "")
 
 
 def _scope(p: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def note_compiled(points: Iterable[dict[str, Any]], root: Path | None = None) ->
     is written once, whole (a temporary file renamed), so concurrent writers and readers never see half a note."""
     folder = (root or vllm_cache_root()) / NOTES
     for p in points:
-        draft, strategy = compile_key(p)
+        draft, strategy, _ = compile_key(p)     # the scope below holds the variant's graph settings
         kind = {**_scope(p), "draft": draft, "strategy": strategy}
         text = json.dumps(kind, sort_keys=True)
         path = folder / (hashlib.sha1(text.encode()).hexdigest()[:16] + ".json")
@@ -87,5 +88,5 @@ def compiled_kinds(p: dict[str, Any], root: Path | None = None) -> set[tuple]:
             continue
         if (isinstance(kind, dict) and all(kind.get(k) == scope.get(k) for k in {*scope, *_GRAPH_SETTINGS})
                 and isinstance(kind.get("draft"), str) and isinstance(kind.get("strategy"), str)):
-            found.add((kind["draft"], kind["strategy"]))
+            found.add((kind["draft"], kind["strategy"], p.get("variant") or ""))
     return found

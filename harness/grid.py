@@ -1,11 +1,19 @@
 """The grid a sweep runs: the command line's overrides normalised, the composed config validated, and expanded
 into one config per point (workloads x memory budget x load x draft x strategy), each with its workload's
 settings. Only configs: running them is harness.sweep's job (and harness.point's, one at a time).
+
+A preset may be a union of sub-grids (``grids:``, a list of Cartesian products, e.g. the campaign's gmu 0.75 for
+two strategies only, or its PIECEWISE points): each sub-grid gives some axes and takes the rest from the preset,
+and the preset's own axes filter every sub-grid (``gmu=[0.6]`` on the command line runs the union's gmu-0.6
+points). A sub-grid that changes engine settings is a *variant*: it has a name, which its points' ids carry in
+their memory budget (``sharegpt-gmu0.6-piecewise-c128-chain3-store_all``), so its points never take the ids of
+the points it varies and analysis compares them within their own groups.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,6 +27,8 @@ from .config import compose, conf_dir, engine_config, parse_draft, resolve_engin
 from .engines.base import engine_class
 
 AXES = ("workloads", "gmu", "concurrency", "rate", "strategy", "draft")
+SUB_GRID_KEYS = AXES + ("variant", "engine")
+VARIANT_NAME = re.compile(r"[a-z][a-z0-9_]*")
 ALIASES = {"workload": "workloads", "strategies": "strategy", "drafts": "draft"}
 
 
@@ -156,6 +166,12 @@ def validate(cfg: dict[str, Any]) -> None:
     if "thresholds" in cfg and (not isinstance(pre, int) or isinstance(pre, bool) or pre < 1):
         raise ValueError(f"thresholds.preemptions={pre}: the preemptions that make a point memory-bound; give a "
                          "whole number >= 1")
+    at = (cfg.get("requests") or {}).get("at_concurrency")
+    if at is not None and (not isinstance(at, dict) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 1 and isinstance(n, int)
+            and not isinstance(n, bool) and n >= 1 for c, n in at.items())):
+        raise ValueError(f"requests.at_concurrency={at}: requests per point at given concurrencies, a mapping of "
+                         "whole numbers >= 1 (requests.at_concurrency={1: 64}); the rule sizes the others")
     for axis in AXES:
         if axis in cfg and isinstance(cfg[axis], (list, tuple)) and not cfg[axis]:
             raise ValueError(f"{axis}=[]: the grid needs at least one value on every axis")
@@ -170,11 +186,109 @@ def validate(cfg: dict[str, Any]) -> None:
         raise ValueError(f"jobs={jobs}: must be a whole number >= 1 (points run in parallel on this machine)")
 
 
+def _axis_values(axis: str, value: Any) -> list:
+    """An axis' values in one comparable form: drafts as :func:`draft_axis` spells them (speculation off as
+    None), gmu and rates as floats, the rest as given."""
+    if axis == "draft":
+        return [None if d in (None, "none") else d for d in draft_axis(value)]
+    vals = as_list(value)
+    return [float(v) if axis in ("gmu", "rate") and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+            for v in vals]
+
+
+def sub_grids(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Cartesian products a config's grid is the union of: the config itself, or with ``grids`` one config per
+    sub-grid (its axes, restricted to the config's own values of each axis; its ``variant`` and ``engine``
+    settings merged in). Raises ValueError naming the input: a sub-grid key that is not an axis, ``variant`` or
+    ``engine``; engine settings without a variant name, or a setting the engine does not have; one variant name
+    with two settings; a value of the config's axes that no sub-grid has (it would select nothing); a filter
+    that leaves no point."""
+    grids = cfg.get("grids")
+    if grids is None:
+        return [cfg]
+    name = cfg.get("sweep_name", "this sweep")
+    if not isinstance(grids, (list, tuple)) or not grids or not all(isinstance(g, dict) for g in grids):
+        raise ValueError(f"grids={grids!r} (sweep={name}): a list of sub-grids, each a mapping of axes "
+                         f"({', '.join(AXES)}) and optionally variant: NAME with engine: {{...}} settings; or "
+                         "grids=null for the preset's axes as one Cartesian product")
+    engine = dict(cfg.get("engine") or {})
+    out, variants, seen = [], {}, {axis: [] for axis in AXES}
+    for i, g in enumerate(grids):
+        where = f"grids[{i}] of sweep={name}"
+        bad = sorted(set(g) - set(SUB_GRID_KEYS))
+        if bad:
+            raise ValueError(f"{where}: {', '.join(bad)} is not a sub-grid key; a sub-grid gives axes "
+                             f"({', '.join(AXES)}), a variant name and its engine settings")
+        variant, settings = g.get("variant"), dict(g.get("engine") or {})
+        if settings and variant is None:
+            raise ValueError(f"{where}: engine settings {settings} need a variant name (variant: piecewise), which "
+                             "the points' ids carry, or they would take the ids of the same points without them")
+        if variant is not None:
+            if not isinstance(variant, str) or not VARIANT_NAME.fullmatch(variant):
+                raise ValueError(f"{where}: variant={variant!r}: a lower-case name of letters, digits and _ "
+                                 "(it becomes part of the point ids), e.g. variant: piecewise")
+            unknown = sorted(set(settings) - set(engine))
+            if unknown:
+                raise ValueError(f"{where}: engine.{', engine.'.join(unknown)} is not a setting of "
+                                 f"engine={engine.get('name')}; choose from {', '.join(sorted(engine))}")
+            if variants.setdefault(variant, settings) != settings:
+                raise ValueError(f"{where}: variant {variant} with engine settings {settings}, another sub-grid "
+                                 f"gives it {variants[variant]}; one name per set of settings")
+        sub = {k: v for k, v in cfg.items() if k != "grids"}
+        empty = False
+        for axis in AXES:
+            if axis not in g:           # the sub-grid takes the config's values: each is had
+                seen[axis] += _axis_values(axis, cfg.get(axis))
+                continue
+            wanted = _axis_values(axis, cfg.get(axis))
+            mine = _axis_values(axis, g[axis])
+            seen[axis] += mine
+            keep = [v for v in mine if v in wanted]
+            if axis == "draft":
+                keep = ["none" if v is None else v for v in keep]
+            sub[axis], empty = keep, empty or not keep
+        if empty:
+            continue
+        if variant is not None:
+            sub["variant"] = variant
+            sub["engine"] = {**engine, **settings}
+        out.append(sub)
+    for axis in AXES:          # the config's axes select from the sub-grids: a value none has selects nothing
+        if axis not in cfg:
+            continue
+        missing = [v for v in _axis_values(axis, cfg[axis]) if v not in seen[axis]]
+        if missing:
+            shown = ", ".join("none" if v is None else str(v) for v in missing)
+            have = ", ".join(dict.fromkeys("none" if v is None else str(v) for v in seen[axis]))
+            raise ValueError(f"{axis}={shown}: no sub-grid of sweep={name} has it (they have {have}); choose "
+                             f"among those, or give grids=null to run the preset's axes as one Cartesian product")
+    if not out:
+        raise ValueError(f"the axes given ({', '.join(f'{a}={cfg.get(a)}' for a in AXES if a in cfg)}) select no "
+                         f"point of sweep={name}'s sub-grids: each sub-grid lacks one of them")
+    return out
+
+
 def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every point of the grid as a plain, fully resolved config (see harness.point)."""
+    """Every point of the grid as a plain, fully resolved config (see harness.point); a union of sub-grids
+    (``grids``) in the order of its sub-grids, each point once."""
+    from .point import point_id
+
     cfg = dict(cfg)
     if cfg.get("workload") and isinstance(cfg["workload"], str):   # a point job's scalar axes
         cfg["workloads"] = [cfg["workload"]]
+    out: dict[str, dict[str, Any]] = {}
+    for sub in sub_grids(cfg):
+        for p in _product(sub):
+            pid = point_id(p)
+            if pid in out and out[pid] != p:
+                raise ValueError(f"point {pid}: two sub-grids of sweep={cfg.get('sweep_name')} give it different "
+                                 "settings; a sub-grid that changes settings needs its own variant name")
+            out.setdefault(pid, p)
+    return list(out.values())
+
+
+def _product(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The points of one Cartesian product (a sub-grid) as resolved configs."""
     validate(cfg)
     engine = dict(cfg["engine"])
     engine_name = resolve_engine(engine["name"], quiet=True)
@@ -203,8 +317,9 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                              f"gamma (workload.arrival.kind=poisson), or see the trace with `python -m harness "
                              f"workloads describe workload={wname} workload.arrival.kind=trace`")
         if kind == "closed":
+            fixed = {int(c): int(n) for c, n in (rule.get("at_concurrency") or {}).items()}
             loads = [({"kind": "closed", "concurrency": int(c)},
-                      max(int(rule["min"]), int(rule["per_concurrency"]) * int(c)))
+                      fixed.get(int(c), max(int(rule["min"]), int(rule["per_concurrency"]) * int(c))))
                      for c in as_list(cfg["concurrency"])]
         else:
             shape = (wl.get("arrival") or {}).get("burstiness")
@@ -229,6 +344,7 @@ def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                             "max_num_batched_tokens": cfg["max_num_batched_tokens"],
                             "max_model_len": cfg["max_model_len"], "seed": cfg["seed"],
                             "failed_requests": float(cfg["thresholds"]["failed_requests"]),
+                            **({"variant": cfg["variant"]} if cfg.get("variant") else {}),
                             **({"repeat": repeat} if reps > 1 else {})})
     _refuse_what_the_engine_cannot_run(engine, out)
     return out

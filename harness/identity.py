@@ -13,6 +13,8 @@ settings or the data behind a workload would otherwise write into one folder as 
                  count (a point)
     workloads    per swept workload: its settings and the sha256 of the file it reads (null for a generated one)
     strategies   per strategy of the grid: its run options (conf/strategies/), which its point id does not spell
+    variants     per variant of a union of sub-grids (harness.grid.sub_grids): its engine settings, which differ
+                 from the folder's ``engine`` in what the variant sets (its points' ids carry its name)
     analysis     the baseline and the thresholds (sweep.json only: they decide the verdicts, not the points)
 
 Provenance (commit, host, versions, time) is not identity: a sweep resumes across hosts and commits. The grid's
@@ -123,18 +125,28 @@ def sweep_identity(points: Iterable[dict[str, Any]], baseline: str | None, thres
     (``requests``: the sweep's ``requests``; each point's count follows from it and the load), the analysis
     settings. Raises ValueError if the grid's points disagree outside their axes (a bug in the grid)."""
     out: dict[str, Any] | None = None
+    engines: dict[str, dict[str, Any]] = {}      # variant ("" for the plain points) -> its engine identity
     for p in points:
         one = point_identity(p)
         one.pop("requests")
+        variant = p.get("variant") or ""
+        engine = one.pop("engine")
+        if engines.setdefault(variant, engine) != engine:
+            raise ValueError(f"the grid's points{f' of variant {variant}' if variant else ''} differ in engine: "
+                             f"{engine} vs {engines[variant]}")
         if out is None:
             out = one
             continue
-        for k in ("model", "gpu", "engine", "run"):
+        for k in ("model", "gpu", "run"):
             if one[k] != out[k]:
                 raise ValueError(f"the grid's points differ in {k}: {one[k]} vs {out[k]}")
         out["workloads"].update(one["workloads"])
         out["strategies"].update(one["strategies"])
     out = out or {"workloads": {}}
+    if "" in engines:
+        out["engine"] = engines[""]
+    if set(engines) - {""}:
+        out["variants"] = {v: e for v, e in engines.items() if v}
     if requests is not None:
         out["run"] = {**out.get("run", {}), "requests": requests}
     out["analysis"] = {"baseline": baseline, "thresholds": thresholds}
@@ -142,11 +154,12 @@ def sweep_identity(points: Iterable[dict[str, Any]], baseline: str | None, thres
 
 
 def with_hash(identity: dict[str, Any]) -> dict[str, Any]:
-    """``identity`` with ``hash``: a digest of everything but the workloads', the strategies' options and the
-    analysis' (which a folder may extend: a grid adds a workload or a strategy), for quick comparison in summaries;
+    """``identity`` with ``hash``: a digest of everything but the workloads', the strategies' options, the variants'
+    and the analysis' (which a folder may extend: a grid adds a workload, a strategy or a variant), for quick
+    comparison in summaries;
     a resume compares the whole identity (:func:`differences`)."""
     return {**identity, "hash": _digest({k: v for k, v in identity.items()
-                                         if k not in ("workloads", "analysis", "hash", "strategies")})}
+                                         if k not in ("workloads", "analysis", "hash", "strategies", "variants")})}
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

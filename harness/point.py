@@ -35,9 +35,12 @@ from .config import parse_draft
 
 def memory_budget(cfg: dict[str, Any]) -> str:
     """How a point's memory is budgeted, as its id spells it: ``gmu0.9``, or ``kv32MiB`` where
-    ``engine.kv_cache_bytes`` sizes the KV pool outright (gmu then sizes nothing)."""
+    ``engine.kv_cache_bytes`` sizes the KV pool outright (gmu then sizes nothing); a sub-grid's variant
+    (harness.grid.sub_grids) follows it, ``gmu0.6-piecewise``: analysis groups points by this, so a variant's
+    points are compared among themselves, never with the points whose settings they vary."""
     kv = (cfg.get("engine") or {}).get("kv_cache_bytes")
-    return f"kv{int(kv) / 2**20:g}MiB" if kv else f"gmu{cfg['gmu']:g}"
+    budget = f"kv{int(kv) / 2**20:g}MiB" if kv else f"gmu{cfg['gmu']:g}"
+    return f"{budget}-{cfg['variant']}" if cfg.get("variant") else budget
 
 
 def point_id(cfg: dict[str, Any]) -> str:

@@ -197,7 +197,8 @@ def _run(c: dict[str, Any], points: list[dict[str, Any]], anchor: dict[str, Any]
 
 def grown(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """sweep.json for a folder that held ``old`` after a command with ``new``: the new command's settings, each
-    grid axis the union of both (old values first), and the identity's workloads those of both."""
+    grid axis the union of both (old values first), the identity's workloads and variants those of both, and a
+    union of sub-grids (``grids``) every sub-grid of both."""
     out = dict(new)
     for axis in AXES:
         if axis in old and axis in new:
@@ -206,6 +207,13 @@ def grown(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     if (old.get("identity") or {}).get("workloads"):
         out["identity"] = {**new["identity"],
                            "workloads": {**old["identity"]["workloads"], **new["identity"]["workloads"]}}
+    for key in ("variants", "engine"):       # a command that ran only a variant's points has no plain engine
+        if (old.get("identity") or {}).get(key) and "identity" in out:
+            merged = {**old["identity"][key], **(new["identity"].get(key) or {})} if key == "variants" else \
+                new["identity"].get(key) or old["identity"][key]
+            out["identity"] = {**out["identity"], key: merged}
+    if old.get("grids") and new.get("grids") is not None:   # a union of sub-grids: each once, old ones first
+        out["grids"] = list(old["grids"]) + [g for g in new["grids"] if g not in old["grids"]]
     return out
 
 
@@ -240,7 +248,8 @@ def run_order(todo: list[dict[str, Any]], anchor: dict[str, Any] | None, shared_
 
 def server_key(p: dict[str, Any]) -> tuple:
     """What decides a vLLM server's settings; points with equal keys reuse one server."""
-    return (p["gmu"], p.get("draft") or "", p["strategy"], p["max_num_seqs"], p["max_model_len"])
+    return (p["gmu"], p.get("draft") or "", p["strategy"], p["max_num_seqs"], p["max_model_len"],
+            p.get("variant") or "")
 
 
 def budget_history(budget: TimeBudget, store: Store, calls: CallLog, points: list[dict[str, Any]],

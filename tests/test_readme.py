@@ -76,6 +76,7 @@ COMPOSE_ONLY = {
     "python -m harness sweep sweep=paper_35b gpu=b200 engine.mode=graphs": "the paper's whole 35B grid",
     "python -m harness sweep sweep=paper_trees": "a grid of draft trees (minutes)",
     "python -m harness sweep sweep=h200x8_397b engine=sim": "the 397B grid",
+    "python -m harness sweep sweep=h200_35b_campaign gmu=0.75 concurrency=128 --cfg": "prints a config (vLLM: a GPU)",
     "python -m harness bench sim scale=397b gpu=h200 'gmu=[0.75,0.9,0.951]'": "times the paper's grid (minutes)",
     "python -m harness bench strategies": "a CPU benchmark (minutes)",
     "python -m harness bench strategies batch=8 dtype=float64 out=results/bench-strategies.json":

@@ -435,20 +435,27 @@ def test_the_note_beside_vllm_s_caches_makes_its_kinds_warm_for_the_budget(tmp_p
     stamp = {f.name: f.stat().st_mtime_ns for f in (a / NOTES).iterdir()}
     note_compiled([pt("store_all")], a)                             # known already: its file stays as it was
     assert {f.name: f.stat().st_mtime_ns for f in (a / NOTES).iterdir()} == stamp
-    assert compiled_kinds(pt("treewy"), a) == {("chain:3", "store_all")}    # other models and graph modes apart
-    assert compiled_kinds(pt("treewy", model="tiny"), a) == {("chain:3", "store_all")}
+    assert compiled_kinds(pt("treewy"), a) == {("chain:3", "store_all", "")}    # other models and graph modes apart
+    assert compiled_kinds(pt("treewy", model="tiny"), a) == {("chain:3", "store_all", "")}
     note_compiled([pt("replay"), pt("store_all", draft=None)], b)
     for f in (b / NOTES).iterdir():                                 # a restore copies host b's notes over a's
         sh.copy(f, a / NOTES / f.name)
-    assert compiled_kinds(pt("treewy"), a) == {("chain:3", "store_all"), ("chain:3", "replay"), ("", "store_all")}
+    assert compiled_kinds(pt("treewy"), a) == {("chain:3", "store_all", ""), ("chain:3", "replay", ""), ("", "store_all", "")}
     (a / NOTES / "torn.json").write_text('{"model": "qwen35_35b", "draft": ')
     (a / NOTES / "foreign.json").write_text(json.dumps([["chain:3", "treewy"]]))
-    assert ("chain:3", "treewy") not in compiled_kinds(pt("treewy"), a)
+    assert ("chain:3", "treewy", "") not in compiled_kinds(pt("treewy"), a)
     # vLLM hashes its capture sizes too: graphs up to 2048 tokens and the default's are different kinds, both ways
     big = {"max_cudagraph_capture_size": 2048}
     note_compiled([{**pt("treewy"), "engine": {**pt("treewy")["engine"], **big}}], b)
-    assert ("chain:3", "treewy") not in compiled_kinds(pt("treewy"), b)
-    assert compiled_kinds({**pt("store_all"), "engine": {**pt("store_all")["engine"], **big}}, b) == {("chain:3", "treewy")}
+    assert ("chain:3", "treewy", "") not in compiled_kinds(pt("treewy"), b)
+    assert compiled_kinds({**pt("store_all"), "engine": {**pt("store_all")["engine"], **big}}, b) == {("chain:3", "treewy", "")}
+    # a sub-grid's variant is a kind of its own: a plain point's note never makes it warm
+    piecewise = {**pt("store_all"), "variant": "piecewise",
+                 "engine": {**pt("store_all")["engine"], "cudagraph_mode": "PIECEWISE"}}
+    assert compile_key(piecewise) != compile_key(pt("store_all"))
+    assert compile_key(piecewise) not in compiled_kinds(pt("store_all"), a) | compiled_kinds(piecewise, a)
+    note_compiled([piecewise], a)
+    assert compiled_kinds(piecewise, a) == {compile_key(piecewise)}
     for f in (b / NOTES).iterdir():
         if "2048" in f.read_text():
             f.unlink()
@@ -456,7 +463,7 @@ def test_the_note_beside_vllm_s_caches_makes_its_kinds_warm_for_the_budget(tmp_p
     points = [pt("store_all"), pt("replay"), pt("treewy")]
     bud = TimeBudget(600, server_key, compile_key, clock=lambda: 0.0)
     budget_history(bud, Store(tmp_path / "s"), CallLog(tmp_path / "s"), points, compiled_kinds(points[0], b))
-    assert bud.warm == {compile_key(points[1]), ("", "store_all")}
+    assert bud.warm == {compile_key(points[1]), ("", "store_all", "")}
     bud.start_times, bud.last_run = [90.0, 300.0], (25.0, 256)
     assert bud.estimate(points[1]) == pytest.approx(MARGIN * (90.0 + 25.0))     # restored: a warm start
     assert bud.estimate(points[2]) == pytest.approx(MARGIN * (300.0 + 25.0))    # not noted: it compiles
@@ -1033,3 +1040,108 @@ def test_a_figure_is_one_registered_function_and_the_report_draws_every_one(tmp_
     titles = [t for t, _ in figures.FIGURES]
     assert titles.index("Peak KV-pool usage vs load") < titles.index("A new figure")
 
+
+
+# -- a union of sub-grids ---------------------------------------------------------
+
+def _points(*overrides):
+    from omegaconf import OmegaConf
+
+    from harness.grid import compose_sweep, point_configs
+
+    return point_configs(OmegaConf.to_container(compose_sweep(list(overrides)), resolve=True))
+
+
+def test_the_campaign_preset_is_exactly_the_issue_s_grid_as_a_union_of_sub_grids():
+    """sweep=h200_35b_campaign: every strategy and speculation off at gmu 0.6 and 0.9, store_all and treewy also at
+    0.75, on ShareGPT; speculation off, store_all and treewy on Spec-Bench; PIECEWISE for store_all and treewy at
+    gmu 0.6 (ShareGPT) as a variant whose ids carry it; five concurrencies; fewer requests at concurrency 1."""
+    from harness.identity import sweep_identity
+    from harness.point import point_id
+
+    pts = _points("sweep=h200_35b_campaign")
+    ids = [point_id(p) for p in pts]
+    assert len(ids) == len(set(ids)) == 110
+    want = set()
+    for c in (1, 16, 64, 128, 256):
+        for w, gmus, strategies in (("sharegpt", (0.6, 0.9), ("store_all", "treewy", "replay", "treewy_deferred")),
+                                    ("sharegpt", (0.75,), ("store_all", "treewy")),
+                                    ("spec_bench", (0.6, 0.75, 0.9), ("store_all", "treewy"))):
+            for g in gmus:
+                want |= {f"{w}-gmu{g:g}-c{c}-chain3-{s}" for s in strategies}
+                if g != 0.75:
+                    want.add(f"{w}-gmu{g:g}-c{c}-nospec-store_all")
+        want |= {f"sharegpt-gmu0.6-piecewise-c{c}-chain3-{s}" for s in ("store_all", "treewy")}
+    assert set(ids) == want
+    by = {point_id(p): p for p in pts}
+    assert {p["engine"]["cudagraph_mode"] for p in pts if p.get("variant")} == {"PIECEWISE"}
+    assert {p["engine"]["cudagraph_mode"] for p in pts if not p.get("variant")} == {None}   # vLLM's default
+    assert all(p["engine"]["max_cudagraph_capture_size"] == 2048 for p in pts)
+    assert by["sharegpt-gmu0.6-c1-chain3-treewy"]["requests"] == 64
+    assert by["sharegpt-gmu0.6-c128-chain3-treewy"]["requests"] == 256       # h200_kernel_speed's rule
+    assert by["spec_bench-gmu0.9-c256-nospec-store_all"]["requests"] == 512
+    # the kernel-speed issue's end-to-end points are a subset, with the same settings
+    ks = {point_id(p): p for p in _points("sweep=h200_kernel_speed")}
+    assert set(ks) <= set(by) and all(ks[i]["engine"] == by[i]["engine"] and ks[i]["requests"] == by[i]["requests"]
+                                      for i in ks)
+    ident = sweep_identity(pts, "store_all", None)
+    assert ident["variants"]["piecewise"]["settings"]["cudagraph_mode"] == "PIECEWISE"
+    assert ident["engine"]["settings"]["cudagraph_mode"] is None
+
+
+def test_the_preset_s_axes_filter_its_sub_grids_and_bad_sub_grids_are_named(tmp_path):
+    from harness.point import point_id
+
+    ids = {point_id(p) for p in _points("sweep=h200_35b_campaign", "gmu=[0.75]", "concurrency=[128]")}
+    assert ids == {f"{w}-gmu0.75-c128-chain3-{s}" for w in ("sharegpt", "spec_bench") for s in ("store_all", "treewy")}
+    flat = _points("sweep=h200_35b_campaign", "grids=null", "concurrency=[128]")   # one Cartesian product again
+    assert len(flat) == 2 * 3 * (4 + 1)
+    for overrides, match in (
+            (["gmu=[0.5]"], r"gmu=0.5: no sub-grid of sweep=h200_35b_campaign has it \(they have 0.6, 0.9, 0.75\)"),
+            (["workloads=[spec_bench]", "strategy=[replay]"], "select no point of sweep=h200_35b_campaign"),
+            (["grids=[{gmu:[0.6],colour:[red]}]"], r"grids\[0\] of sweep=h200_35b_campaign: colour is not a sub-grid key"),
+            (["grids=[{gmu:[0.6],engine:{cudagraph_mode:PIECEWISE}}]"], "need a variant name"),
+            (["grids=[{variant:Bad-Name,engine:{cudagraph_mode:PIECEWISE}}]"], "variant='Bad-Name'"),
+            (["grids=[{variant:p,engine:{cudagraph_mod:PIECEWISE}}]"], r"engine.cudagraph_mod is not a setting of "
+                                                                          "engine=vllm"),
+            (["grids=[{variant:p,engine:{cudagraph_mode:PIECEWISE}},{variant:p,engine:{enforce_eager:true}}]"],
+             "one name per set of settings"),
+            (["grids=3"], "a list of sub-grids"),
+            (["requests.at_concurrency={1:0}"], r"requests.at_concurrency=\{1: 0\}")):
+        with pytest.raises(ValueError, match=match):
+            _points("sweep=h200_35b_campaign", *overrides)
+
+
+def test_a_variant_s_points_run_analyse_and_resume_in_their_own_groups(tmp_path, capsys):
+    """A sub-grid that changes an engine setting (here the simulator's graph mode) runs under ids that carry its
+    name; analysis compares its strategies within its own groups, never with the plain points at the same gmu;
+    sweep.json records the sub-grids and the identity the variant's settings; a rerun resumes."""
+    from analysis.sweep import analyze, memory_order, memory_title
+
+    grids = "grids=[{gmu:[0.6]},{variant:graphs,gmu:[0.6],concurrency:[8],engine:{mode:graphs}}]"
+    args = ("sweep", *QUICK, grids, "gmu=0.6", "report=false", f"out={tmp_path / 's'}")
+    out = cli(capsys, *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = Store(tmp_path / "s")
+    ids = sorted(s["point_id"] for s in store.summaries())
+    assert ids == sorted([f"balanced_chat-gmu0.6-c{c}-chain3-{s}" for c in (8, 128) for s in ("store_all", "treewy")]
+                         + [f"balanced_chat-gmu0.6-graphs-c8-chain3-{s}" for s in ("store_all", "treewy")])
+    steps = {s["point_id"]: s["config"]["engine"]["mode"] for s in store.summaries()}
+    assert {m for i, m in steps.items() if "-graphs-" in i} == {"graphs"}
+    assert {m for i, m in steps.items() if "-graphs-" not in i} == {"eager"}
+    result = analyze(store)
+    assert sorted((g["memory"], g["load"]) for g in result["groups"]) == [
+        ("gmu0.6", 8.0), ("gmu0.6", 128.0), ("gmu0.6-graphs", 8.0)]
+    assert result["ratios"]["treewy"]["not memory-bound"]["points"] + \
+        result["ratios"]["treewy"]["memory-bound"]["points"] == 3
+    assert memory_title("gmu0.6-graphs") == "gmu 0.6 (graphs)"
+    assert sorted(["gmu0.6-graphs", "gmu0.9", "gmu0.6"], key=memory_order) == ["gmu0.6", "gmu0.6-graphs", "gmu0.9"]
+    sweep = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert sweep["grids"][1]["variant"] == "graphs"
+    assert sweep["identity"]["variants"]["graphs"]["settings"]["mode"] == "graphs"
+    again = cli(capsys, *args)
+    assert again.returncode == 0 and "6 already in" in again.stdout, again.stdout
+    # the variant's settings are its identity: the same name with another mode is another experiment
+    other = cli(capsys, "sweep", *QUICK, grids.replace("mode:graphs", "mode:eager"), "gmu=0.6", "report=false",
+                f"out={tmp_path / 's'}")
+    assert other.returncode == 2 and "variants.graphs.settings.mode" in other.stderr, other.stderr

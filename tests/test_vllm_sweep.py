@@ -131,7 +131,7 @@ def test_two_level_sweep_store_all_vs_treewy_into_a_report(tmp_path):
     assert not tagged_processes(f"commitbench-{proc.pid}-")
     # The notes beside vLLM's caches name both kinds of server, so a host restoring them starts both warm.
     from harness.compile_cache import compiled_kinds
-    assert compiled_kinds(summaries[0]["config"], cache) == {("chain:3", "store_all"), ("chain:3", "treewy")}
+    assert compiled_kinds(summaries[0]["config"], cache) == {("chain:3", "store_all", ""), ("chain:3", "treewy", "")}
     # The step clock: one file per server's worker, and each point's run found in it by its summary
     sys.path.insert(0, str(device))
     try:
