@@ -38,9 +38,20 @@ def keep_mask(tree: DraftTree, confidence: torch.Tensor, threshold: float) -> to
     tree every node with children (its children read its state back). A chain runs its state down in registers."""
     keep = confidence <= threshold
     if not tree.is_chain:
-        inner = torch.tensor([bool(tree.children(t)) for t in range(tree.num_nodes)], device=keep.device)
-        keep = keep | inner[None]
+        keep = keep | _inner_nodes(tree, keep.device)[None]
     return keep
+
+
+_INNER: dict[tuple, torch.Tensor] = {}
+
+
+def _inner_nodes(tree: DraftTree, device: torch.device) -> torch.Tensor:
+    """``[N]`` bool, the nodes with children, made once per tree and device: a copy from the host each step would
+    be a sync that a CUDA graph of the step cannot hold."""
+    key = (tree.parents, str(device))
+    if key not in _INNER:
+        _INNER[key] = torch.tensor([bool(tree.children(t)) for t in range(tree.num_nodes)], device=device)
+    return _INNER[key]
 
 
 def recovery_plan(slot: list[int], tree: DraftTree, accepted: int) -> tuple[int, list[int]]:
