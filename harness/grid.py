@@ -230,7 +230,9 @@ def sub_grids(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             unknown = sorted(set(settings) - set(engine))
             if unknown:
                 raise ValueError(f"{where}: engine.{', engine.'.join(unknown)} is not a setting of "
-                                 f"engine={engine.get('name')}; choose from {', '.join(sorted(engine))}")
+                                 f"engine={engine.get('name')} (its settings: {', '.join(sorted(engine))}); the "
+                                 f"variant {variant} was written for another engine: run the preset with that "
+                                 "engine, or give grids=null for its axes as one product without variants")
             if variants.setdefault(variant, settings) != settings:
                 raise ValueError(f"{where}: variant {variant} with engine settings {settings}, another sub-grid "
                                  f"gives it {variants[variant]}; one name per set of settings")
