@@ -354,6 +354,12 @@ def test_the_forks_reference_step_is_the_campaigns_measured_store_all_step(tmp_p
     assert at16["fork_per_node_us"] == pytest.approx(1e6 * 0.004 / (16 * 15))
     at128 = attach_step({"batch": 128, "nodes": 15, "fork_step_s": 0.004}, steps)
     assert at128["step_point"] is None and at128["fork_fraction_of_step"] is None
+    # ... and only against a step measured on the row's own GPU
+    assert c16["device"] == "NVIDIA H200"
+    assert attach_step({"batch": 16, "nodes": 15, "fork_step_s": 0.004}, steps,
+                       device="NVIDIA H200")["step_point"] == c16["point"]
+    assert attach_step({"batch": 16, "nodes": 15, "fork_step_s": 0.004}, steps,
+                       device="NVIDIA H100 80GB HBM3")["step_point"] is None
     with pytest.raises(ValueError, match="forks.step_reference=.*no store_all point"):
         campaign_steps(tmp_path)
 

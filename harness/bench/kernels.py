@@ -423,6 +423,7 @@ def campaign_steps(folder: Path) -> list[dict[str, Any]]:
         if not m.get("tpot_mean") or not m.get("acceptance_length"):
             continue
         rows.append({"point": f.parent.name, "engine": (d.get("telemetry") or {}).get("engine", c["engine"]["name"]),
+                     "device": (d.get("telemetry") or {}).get("device"),
                      "mean_running": float(d["telemetry"].get("mean_running") or 0.0),
                      "step_s": float(m["tpot_mean"]) * float(m["acceptance_length"]),
                      "draft": c["draft"]})
@@ -432,13 +433,16 @@ def campaign_steps(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def attach_step(row: dict[str, Any], steps: list[dict[str, Any]], match: float = 1.5) -> dict[str, Any]:
+def attach_step(row: dict[str, Any], steps: list[dict[str, Any]], match: float = 1.5,
+                device: str | None = None) -> dict[str, Any]:
     """Set ``row``'s reference step: the measured step whose mean running batch is nearest ``row['batch']``, if
-    within a factor ``match`` of it (a step at another batch is another step: fork time grows with the batch);
-    else None, and no fraction. Also the forks' time per node and request, every GDN layer (the write-up prices
-    one fork: 6 us per 12 MB)."""
+    within a factor ``match`` of it (a step at another batch is another step: fork time grows with the batch) and,
+    where both are known, measured on the same GPU as the row (``device``: an H100's forks against an H200's
+    step would mix two machines); else None, and no fraction. Also the forks' time per node and request, every
+    GDN layer (the write-up prices one fork: 6 us per 12 MB)."""
     B = row["batch"]
-    near = [s for s in steps if s["mean_running"] and 1 / match <= s["mean_running"] / B <= match]
+    near = [s for s in steps if s["mean_running"] and 1 / match <= s["mean_running"] / B <= match
+            and (device is None or s.get("device") is None or s["device"] == device)]
     best = min(near, key=lambda s: abs(s["mean_running"] - B)) if near else None
     row.update(step_point=best and best["point"], step_s=best and best["step_s"],
                step_running=best and best["mean_running"],
@@ -560,9 +564,9 @@ def _forks_section(result, shape, cfg, gen, device, console, out) -> None:
                                              "batch": int(B), "reason": reason})
                     torch.cuda.empty_cache()
                     continue
-                attach_step(row, ref)
+                attach_step(row, ref, device=result.get("device"))
                 result["forks"]["rows"].append(row)
-                share = ("no measured step at this batch" if row["step_s"] is None else
+                share = ("no measured step at this batch on this GPU" if row["step_s"] is None else
                          f"{100 * row['fork_fraction_of_step']:.2f}% of a {1e3 * row['step_s']:.1f} ms step")
                 console.print(f"    forks {tree.label} B={int(B):<3d} {fork:5s} verify {1e6 * row['verify_s']:9.1f} us,"
                               f" without snapshots {1e6 * row['verify_nostore_s']:9.1f} us: forks "
