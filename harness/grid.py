@@ -213,6 +213,7 @@ def sub_grids(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                          f"({', '.join(AXES)}) and optionally variant: NAME with engine: {{...}} settings; or "
                          "grids=null for the preset's axes as one Cartesian product")
     engine = dict(cfg.get("engine") or {})
+    wanted = {axis: _axis_values(axis, cfg.get(axis)) for axis in AXES if axis in cfg}   # the filter, once
     out, variants, seen = [], {}, {axis: [] for axis in AXES}
     for i, g in enumerate(grids):
         where = f"grids[{i}] of sweep={name}"
@@ -241,12 +242,11 @@ def sub_grids(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         empty = False
         for axis in AXES:
             if axis not in g:           # the sub-grid takes the config's values: each is had
-                seen[axis] += _axis_values(axis, cfg.get(axis))
+                seen[axis] += wanted.get(axis, [])
                 continue
-            wanted = _axis_values(axis, cfg.get(axis))
             mine = _axis_values(axis, g[axis])
             seen[axis] += mine
-            keep = [v for v in mine if v in wanted]
+            keep = [v for v in mine if v in wanted.get(axis, [])]
             if axis == "draft":
                 keep = ["none" if v is None else v for v in keep]
             sub[axis], empty = keep, empty or not keep
@@ -256,10 +256,8 @@ def sub_grids(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             sub["variant"] = variant
             sub["engine"] = {**engine, **settings}
         out.append(sub)
-    for axis in AXES:          # the config's axes select from the sub-grids: a value none has selects nothing
-        if axis not in cfg:
-            continue
-        missing = [v for v in _axis_values(axis, cfg[axis]) if v not in seen[axis]]
+    for axis, values in wanted.items():   # the config's axes select: a value no sub-grid has selects nothing
+        missing = [v for v in values if v not in seen[axis]]
         if missing:
             shown = ", ".join("none" if v is None else str(v) for v in missing)
             have = ", ".join(dict.fromkeys("none" if v is None else str(v) for v in seen[axis]))

@@ -207,11 +207,11 @@ def grown(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     if (old.get("identity") or {}).get("workloads"):
         out["identity"] = {**new["identity"],
                            "workloads": {**old["identity"]["workloads"], **new["identity"]["workloads"]}}
-    for key in ("variants", "engine"):       # a command that ran only a variant's points has no plain engine
-        if (old.get("identity") or {}).get(key) and "identity" in out:
-            merged = {**old["identity"][key], **(new["identity"].get(key) or {})} if key == "variants" else \
-                new["identity"].get(key) or old["identity"][key]
-            out["identity"] = {**out["identity"], key: merged}
+    held, ident = old.get("identity") or {}, out.get("identity")
+    if ident is not None and held.get("variants"):
+        ident = out["identity"] = {**ident, "variants": {**held["variants"], **(ident.get("variants") or {})}}
+    if ident is not None and "engine" not in ident and held.get("engine"):  # a command that ran only a variant's points
+        out["identity"] = {**ident, "engine": held["engine"]}
     if old.get("grids") and new.get("grids") is not None:   # a union of sub-grids: each once, old ones first
         out["grids"] = list(old["grids"]) + [g for g in new["grids"] if g not in old["grids"]]
     return out

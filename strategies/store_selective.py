@@ -21,6 +21,7 @@ draft confidences (``confidences``, see :mod:`strategies.confidence`).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -38,20 +39,15 @@ def keep_mask(tree: DraftTree, confidence: torch.Tensor, threshold: float) -> to
     tree every node with children (its children read its state back). A chain runs its state down in registers."""
     keep = confidence <= threshold
     if not tree.is_chain:
-        keep = keep | _inner_nodes(tree, keep.device)[None]
+        keep = keep | _inner_nodes(tree, str(keep.device))[None]
     return keep
 
 
-_INNER: dict[tuple, torch.Tensor] = {}
-
-
-def _inner_nodes(tree: DraftTree, device: torch.device) -> torch.Tensor:
-    """``[N]`` bool, the nodes with children, made once per tree and device: a copy from the host each step would
-    be a sync that a CUDA graph of the step cannot hold."""
-    key = (tree.parents, str(device))
-    if key not in _INNER:
-        _INNER[key] = torch.tensor([bool(tree.children(t)) for t in range(tree.num_nodes)], device=device)
-    return _INNER[key]
+@lru_cache(maxsize=256)
+def _inner_nodes(tree: DraftTree, device: str) -> torch.Tensor:
+    """``[N]`` bool, the nodes with children, made once per tree and device (as the kernels' ``_tree_meta``): a copy
+    from the host each step would be a sync that a CUDA graph of the step cannot hold."""
+    return torch.tensor([bool(tree.children(t)) for t in range(tree.num_nodes)], device=device)
 
 
 def recovery_plan(slot: list[int], tree: DraftTree, accepted: int) -> tuple[int, list[int]]:
