@@ -252,3 +252,24 @@ def test_an_offline_plan_keeps_going_past_a_failed_run(tmp_path):
     assert summary["ok"]["rc"] == 0 and any("Maximum concurrency" in ln for ln in summary["ok"]["vllm_log"])
     result = json.loads((tmp_path / "out" / "ok.json").read_text())
     assert result["kv_cache"]["blocks_per_request"] == 1 + 2 * 1  # one attention block + 2 GDN groups x 1 page
+
+    # Across device calls: a run that ended (finished, or refused by its own config) is not run again; one the
+    # previous call's timeout killed is, unless the budget left cannot hold it.
+    summary_path = tmp_path / "out" / "summary.json"
+    rows = json.loads(summary_path.read_text())
+    rows[-1].update(rc=-9, failure="timeout after 1 s")        # as if 'ok' had been killed
+    summary_path.write_text(json.dumps(rows))
+
+    def again(*flags):
+        return subprocess.run([sys.executable, "-m", "harness.engines.vllm.offline_plan", str(tmp_path / "plan.json"),
+                               str(tmp_path / "out"), "--skip-done", *flags], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+
+    short = again("--budget-s", "5", "--first-run-s", "60")
+    assert short.returncode == 0, short.stderr[-3000:]
+    assert "bad: done before, skipped" in short.stdout and "stopping before ok" in short.stdout, short.stdout
+    assert {s["name"]: s["rc"] for s in json.loads(summary_path.read_text())} == {"bad": 2, "ok": -9}
+    resumed = again("--timeout", "300")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "bad: done before, skipped" in resumed.stdout and "[offline_plan] ok ..." in resumed.stdout
+    assert {s["name"]: s["rc"] for s in json.loads(summary_path.read_text())} == {"bad": 2, "ok": 0}

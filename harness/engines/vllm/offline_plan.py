@@ -1,6 +1,7 @@
 """Run a list of offline vLLM configurations, each in a fresh process, and keep every outcome.
 
     python -m harness.engines.vllm.offline_plan PLAN.json OUT_DIR [--only NAME ...] [--timeout 420]
+        [--skip-done] [--budget-s SECONDS]
 
 PLAN.json: ``{"defaults": {...}, "runs": [{"name": ..., "model": "qwen35_35b", ...}, ...]}``;
 each run's keys are :mod:`harness.engines.vllm.offline` options (``num_spec``, ``gmu``,
@@ -9,6 +10,12 @@ each run's keys are :mod:`harness.engines.vllm.offline` options (``num_spec``, `
 becomes ``OUT_DIR/probe-<name>``. Per run: ``<name>.json`` (the result), ``<name>.log`` (vLLM's output) and a
 line in ``summary.json`` (return code, wall time, vLLM's own KV-cache log lines). A run that
 fails or hangs is recorded and the next one starts: its process group is killed on timeout.
+
+A plan that takes several device calls: ``--skip-done`` skips the runs ``summary.json`` already records as
+ended (rc 0, or an error of the run's own, which is its result: e.g. a configuration vLLM refuses; a run killed
+on timeout is tried again), and ``--budget-s`` starts no run it does not expect to finish in
+the seconds left (expected: 1.5x the last finished run of this call, else ``--first-run-s``, since a fresh
+host's first start compiles vLLM's kernels); a run the budget cuts is killed and recorded as a timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from .server import ManagedProcess
 ROOT = Path(__file__).resolve().parents[3]
 KV_LINES = re.compile(r"(KV cache size|Maximum concurrency|attention block size|Padding mamba page|"
                       r"commitbench|Available KV cache memory|num_gpu_blocks)", re.I)
+TIMED_OUT = -9   # a run's rc when its process group was killed on timeout
 
 
 def to_argv(run: dict[str, Any], model_dir: Path, out: Path) -> list[str]:
@@ -63,7 +71,7 @@ def run_one(run: dict[str, Any], out_dir: Path, timeout: float, env_extra: dict[
         rc = proc.wait(timeout)
         reason = None if rc == 0 else f"exit {rc}"
     except subprocess.TimeoutExpired:
-        rc, reason = -9, f"timeout after {timeout:.0f} s"
+        rc, reason = TIMED_OUT, f"timeout after {timeout:.0f} s"
     finally:
         proc.stop(grace_s=0)   # the whole group, at once (a no-op once it exited)
     text = log_path.read_text(errors="replace")
@@ -79,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--only", nargs="*", default=None, help="run only these names")
     p.add_argument("--timeout", type=float, default=420.0, help="seconds per run before its process group is killed")
+    p.add_argument("--skip-done", action="store_true",
+                   help="skip the runs summary.json records as ended (finished or failed, not timed out)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="seconds this call may spend: no run starts that is not expected to end within them")
+    p.add_argument("--first-run-s", type=float, default=240.0,
+                   help="with --budget-s: the expected length of a run before one has finished in this call")
     args = p.parse_args(argv)
     plan = json.loads(Path(args.plan).read_text())
     out_dir = Path(args.out_dir)
@@ -90,11 +104,27 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--only {sorted(unknown)}: not in {args.plan}")
     env_extra = {k: str(v) for k, v in plan.get("env", {}).items()}
+    done = {s["name"] for s in summary if s["rc"] != TIMED_OUT} if args.skip_done else set()
+    t0, expected = time.time(), args.first_run_s
     for run in runs:
         if args.only and run["name"] not in args.only:
             continue
+        if run["name"] in done:
+            print(f"[offline_plan] {run['name']}: done before, skipped (--skip-done)", flush=True)
+            continue
+        if args.budget_s is not None:
+            left = args.budget_s - (time.time() - t0)
+            if left < expected:
+                todo = [r["name"] for r in runs if r["name"] not in done and (not args.only or r["name"] in args.only)]
+                print(f"[offline_plan] budget: {left:.0f} s left, a run is expected to take {expected:.0f} s; "
+                      f"stopping before {run['name']} ({len(todo)} of the plan's runs not done)", flush=True)
+                break
         print(f"[offline_plan] {run['name']} ...", flush=True)
-        res = run_one(run, out_dir, args.timeout, env_extra)
+        res = run_one(run, out_dir, min(args.timeout, args.budget_s - (time.time() - t0))
+                      if args.budget_s is not None else args.timeout, env_extra)
+        if res["rc"] == 0:
+            done.add(run["name"])
+            expected = 1.5 * res["wall_s"]   # the host has compiled what the first run needed
         summary = [s for s in summary if s["name"] != run["name"]] + [res]
         summary_path.write_text(json.dumps(summary, indent=2))
         print(f"[offline_plan] {run['name']}: rc={res['rc']} in {res['wall_s']} s "

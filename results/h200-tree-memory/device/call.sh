@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call of the tree-memory plan (../plan.json): unpack vLLM where this host has not yet, then as many
+# startups as the call's time allows, resuming what earlier calls finished (on this host in /tmp/tree-memory, on
+# a fresh one from ../runs/ when it was brought back here). Brings every run's record and log back in $OUT/runs.
+#   CALL_LIMIT (560): seconds this call may take; RUN_TIMEOUT (400): seconds per startup
+set -u
+T0=$(date +%s)
+LIMIT=${CALL_LIMIT:-560}
+HERE=results/h200-tree-memory
+if [ ! -f /tmp/vllm-site/vllm_env.sh ]; then
+  last=$(ls -d .vllm-bundle/c* 2>/dev/null | sort -V | tail -1)
+  [ -n "$last" ] && [ -f "$last/unpack.sh" ] || { echo "no vLLM on this host and no .vllm-bundle/cN/unpack.sh carried"; exit 3; }
+  bash "$last/unpack.sh" || exit 3
+fi
+source results/h200-kernel-speed/device/env.sh
+echo "[$(( $(date +%s) - T0 ))s] env ready"
+RUNS=/tmp/tree-memory
+mkdir -p $RUNS
+if [ ! -f $RUNS/summary.json ] && [ -f $HERE/runs/summary.json ]; then
+  cp $HERE/runs/*.json $HERE/runs/*.log $RUNS/ 2>/dev/null
+  echo "resuming from $HERE/runs ($(python3 -c "import json; print(len(json.load(open('$RUNS/summary.json'))))") runs)"
+fi
+python3 -m harness.engines.vllm.offline_plan $HERE/plan.json $RUNS --skip-done --timeout ${RUN_TIMEOUT:-400} \
+  --budget-s $(( LIMIT - ($(date +%s) - T0) - 20 ))
+mkdir -p $OUT/runs
+cp $RUNS/*.json $RUNS/*.log $OUT/runs/ 2>/dev/null
+echo "[$(( $(date +%s) - T0 ))s] done: $(ls $OUT/runs/*.json | wc -l) files"
