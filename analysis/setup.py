@@ -69,6 +69,10 @@ def _graphs(s: dict[str, Any]) -> str:
 
 def _gdn(s: dict[str, Any]) -> str:
     if s.get("engine") == "sim":
+        eng = (s.get("config") or {}).get("engine") or {}
+        strategy = (s.get("config") or {}).get("strategy")
+        if ((eng.get("gdn_profile") or {}).get(eng.get("mode")) or {}).get(strategy):
+            return "modelled (its op's measured per-layer time, fitted scale)"
         return "modelled (state bytes moved per step)"
     said = ((s.get("telemetry") or {}).get("server") or {}).get("gdn_commit")
     if not said and (s.get("config") or {}).get("strategy") == "store_all":
@@ -87,7 +91,9 @@ def _tokenizer(s: dict[str, Any]) -> str:
 def _calibration(s: dict[str, Any]) -> str | None:
     if s.get("engine") != "sim":
         return None
-    return ((s.get("config") or {}).get("engine") or {}).get("calibration") or NOT_RECORDED
+    line = ((s.get("config") or {}).get("engine") or {}).get("calibration") or NOT_RECORDED
+    why = (s.get("telemetry") or {}).get("calibration_stale")
+    return f"{line} [STALE: {why}]" if why else line
 
 
 def _by_value(pairs: dict[str, list[str]]) -> str:

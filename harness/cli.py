@@ -38,6 +38,10 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
      "harness.results_cli:report_cmd", ("dir",)),
     (("compare",), "compare", "two result folders point by point (e.g. sim against vllm)",
      "harness.results_cli:compare_cmd", ("a", "b")),
+    (("calibrate",), "calibrate",
+     "fit the simulator's constants to measured vLLM runs (calibrate DIR DIR ... layer=FILE split=workload): "
+     "writes conf/calibration/<name>.yaml, its fit and held-out errors",
+     "harness.calibrate:run", ("dir",)),
     (("check-acceptance",), "check_acceptance",
      "the acceptance-length gate: every strategy reproduces the reference's decoding (exit status = verdict)",
      "harness.acceptance.cli:run", ()),
@@ -81,7 +85,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str, str, tuple[str, ...]]] = [
      "harness.bench.loadgen:run", ()),
 ]
 # Commands that take more than one result folder (report DIR DIR ... out=DIR).
-MANY_FOLDERS = {"report"}
+MANY_FOLDERS = {"report", "calibrate"}
 # Commands whose overrides may use Hydra's sweep syntax on the grid's axes (gmu=0.6,0.9).
 GRID_CONFIGS = {"sweep", "run"}
 

@@ -59,7 +59,7 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
     if settings and config_name not in STRATEGY_CONFIGS:
         raise ValueError(f"{settings[0]}: {config_name} runs no strategy; strategies.<name>.<key>= applies to "
                          f"{', '.join(sorted(STRATEGY_CONFIGS))}")
-    overrides = [o for o in overrides if o not in settings]
+    overrides = [_calibration_override(o) for o in overrides if o not in settings]
     inside = [o for o in overrides if _sets_engine_key(o)]
     cfg = _compose(config_name, [o for o in overrides if o not in inside])
     auto = (cfg.get("engine") or {}).get("name") == "auto"
@@ -67,6 +67,11 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
         overrides = [o for o in overrides if not o.startswith("engine=")] \
             + [f"engine={resolve_engine('auto', quiet=quiet)}"]
     if auto or inside:
+        calibrated = next((o for o in overrides if o.startswith(CALIBRATION_KEY)), None)
+        if calibrated and OmegaConf.select(_compose(config_name, [o for o in overrides if o is not calibrated]),
+                                           "engine.name") != "sim":
+            raise ValueError(f"calibration={calibrated.split('=', 1)[1]}: a calibration sets the simulator's "
+                             "constants; this command's engine is not the simulator (engine=sim)")
         cfg = _compose(config_name, overrides)
     _check_added(config_name, overrides)
     if config_name in STRATEGY_CONFIGS:
@@ -178,9 +183,27 @@ def _nearest(config_name: str, key: str, overrides: Sequence[str]) -> str:
     return f"did you mean {' or '.join(near)}?" if near else "python -m harness <command> --cfg lists the keys"
 
 
+# conf/engine/sim.yaml takes its constants from conf/calibration/ (a group nested in the engine, whose files merge
+# into it: Hydra names the choice by its package); users write calibration=NAME
+CALIBRATION_KEY = "calibration@engine.calibration="
+
+
+def _calibration_override(override: str) -> str:
+    """``calibration=NAME`` as Hydra addresses it; an unknown NAME is an error listing the calibrations."""
+    if not override.startswith("calibration="):
+        return override
+    name = override.split("=", 1)[1]
+    known = sorted(p.stem for p in (conf_dir() / "calibration").glob("*.yaml"))
+    if name not in known:
+        raise ValueError(f"{override}: no conf/calibration/{name}.yaml; calibrations: {', '.join(known)} "
+                         "(python -m harness calibrate writes one)")
+    return CALIBRATION_KEY + name
+
+
 def _sets_engine_key(override: str) -> bool:
-    """``engine.mode=graphs``, ``+engine.env.X=1``, ``~engine.x``: a key inside the engine, not its choice."""
-    return override.lstrip("+~").startswith("engine.")
+    """``engine.mode=graphs``, ``+engine.env.X=1``, ``~engine.x``, ``calibration=NAME``: inside the engine, not
+    its choice."""
+    return override.lstrip("+~").startswith("engine.") or override.startswith(CALIBRATION_KEY)
 
 
 def load_model(name_or_cfg: str | Any) -> ModelSpec:

@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 # engine settings that change how a run is watched or described, not what it measures (the simulator's
-# `calibration` is a label of its constants; the constants themselves are identity)
+# `calibration` is a label of its constants and `calibration_fit` the record of their fit; the constants themselves
+# are identity)
 OPERATIONAL = frozenset({"module", "model_dir", "model_root", "port", "startup_timeout_s", "request_timeout_s",
                          "health_every_s", "health_timeout_s", "health_failures", "metrics_hz", "progress_s",
-                         "log_dir", "env", "warmup_requests", "kv_usage_samples", "calibration"})
+                         "log_dir", "env", "warmup_requests", "kv_usage_samples", "calibration",
+                         "calibration_fit"})
 RUN_KEYS = ("seed", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
 _SHA: dict[tuple[str, int, int], str] = {}      # (path, size, mtime_ns) -> sha256, per process
 

@@ -37,7 +37,8 @@ COMMON: dict[str, type | tuple[type, ...]] = {
 
 #: each engine's own keys
 BY_ENGINE: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "sim": {"steps": int, "pool": dict, "max_concurrency_mean_request": NUMBER},
+    "sim": {"steps": int, "pool": dict, "max_concurrency_mean_request": NUMBER,
+            "calibration_stale": (str, type(None))},   # why the calibration no longer fits this op (None: it does)
     "vllm": {"vllm_version": str, "device": str, "weights": str, "acceptance": str,
              "server": dict,                # argv, start time, graph mode and capture, the GDN code path
              "kv_cache_tokens": int, "max_waiting": int, "metrics_samples": int, "metrics_hz": NUMBER,
@@ -48,7 +49,7 @@ BY_ENGINE: dict[str, dict[str, type | tuple[type, ...]]] = {
 
 #: keys added after points were committed under results/: such a point lacks them, and analysis reads the gap as
 #: "not recorded" (analysis.regimes.memory_bound: unknown unless its queue never waited)
-ADDED = frozenset({"waiting_s", "memory_evidence", "timeline"})
+ADDED = frozenset({"waiting_s", "memory_evidence", "timeline", "calibration_stale"})
 
 
 def problems(telemetry: dict[str, Any], stored: bool = False) -> list[str]:

@@ -67,6 +67,8 @@ RUN = {
     "python -m harness workloads describe workload=burstgpt workload.path=BurstGPT_1.csv "
     "workload.arrival.kind=trace workload.arrival.rate=2",
     "python -m harness report results/kernels",
+    "python -m harness calibrate results/h200-kernel-speed/e2e/capture2048 "
+    "layer=results/h200-kernel-speed/layer-fd1310b.json split=concurrency out=/tmp/commitbench-calibration.yaml",
     "python -m harness.engines.vllm.model_dir conf/model/qwen35_35b.yaml /tmp/qwen35-35b",
 }
 
@@ -168,13 +170,14 @@ def test_the_install_lines_are_ci_s_and_pin_torch():
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     """A folder to run the README's commands in, as a user's checkout would be: conf/ (the model_dir command
-    names conf/model/...), the kernels' JSON (report results/kernels), a BurstGPT CSV in its 8-column layout
+    names conf/model/...), the kernels' JSON (report results/kernels), the H200 runs calibrate fits, a BurstGPT CSV in its 8-column layout
     (the describe command's workload.path), the README's own sweep into results/sweeps/mine, and copies of it
     where the README names other folders (a, b to compare; grid, which its Hydra launchers would fill)."""
     d = tmp_path_factory.mktemp("readme")
     (d / "conf").symlink_to(ROOT / "conf")
     shutil.copytree(ROOT / "results" / "kernels", d / "results" / "kernels",
                     ignore=shutil.ignore_patterns("*.html"))
+    (d / "results" / "h200-kernel-speed").symlink_to(ROOT / "results" / "h200-kernel-speed")   # calibrate reads it
     (d / "BurstGPT_1.csv").write_text(
         "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
         + "".join(f"{t},s{t % 3},0.5,{'GPT-4' if t % 2 else 'ChatGPT'},{40 + t % 700},{20 + t % 300},{60 + t % 700 + t % 300},"

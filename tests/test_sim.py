@@ -294,3 +294,31 @@ def test_a_strategy_the_simulator_has_never_heard_of_is_charged_by_its_own_count
     assert gdn["wasteful"] - gdn["treewy"] == pytest.approx(6 * state * M35.gdn_shape().num_layers)
     with pytest.raises(NotImplementedError, match="strategy=silent: says nothing of the state bytes"):
         run("silent", c=64, n=300)
+
+
+def test_gdn_traffic_matches_what_the_measured_kernels_moved():
+    """The simulator's GDN bytes per decode request (each strategy's ``step_traffic``) against the bytes the H200
+    layer benchmark counted for the op it timed (results/h200-kernel-speed/layer-fd1310b.json, harness.bench.layer's
+    count from the kernel's reads and writes, with the deferred strategies' measured ring fill and flush rate),
+    chain of 3 under the root, batch 64-256. Measured: store_all 1.009x, treewy 1.016x (the bench adds q, k, v and
+    the outputs), the deferred ones 0.95-0.96x (their measured flush rate). store_all at n states instead of n + 1
+    (0.8x) or treewy at zero would fail here."""
+    import json
+
+    from harness.engines.sim.step_time import gdn_traffic
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "results" / "h200-kernel-speed"
+                       / "layer-fd1310b.json").read_text())
+    g = M35.gdn_shape()
+    state, stash = g.state_bytes(M35.state_dtype), g.token_stash_bytes("float32")
+    tol = {"store_all": (1.0, 1.03), "treewy": (1.0, 1.03), "replay": (0.9, 1.0), "treewy_deferred": (0.9, 1.0)}
+    seen = set()
+    for row in data["layer"]["rows"]:
+        name = "store_all" if row["strategy"] == "vllm_store_all" else row["strategy"]
+        if row["draft"] != "chain:3+root" or row["batch"] < 64 or (name, row["batch"]) in seen:
+            continue                       # the first row per batch: the default tiles (later ones are tuned)
+        seen.add((name, row["batch"]))
+        ours = gdn_traffic(name, CHAIN3, state, stash, 3.24) * row["batch"]
+        lo, hi = tol[name]
+        assert lo <= row["bytes"] / ours <= hi, (name, row["batch"], row["bytes"] / ours)
+    assert len(seen) == 12

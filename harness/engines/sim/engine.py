@@ -23,6 +23,7 @@ from ...telemetry import PERCENTILES
 from ..base import Point, PointResult, RequestRecord, register_engine
 from ..acceptance_rates import Acceptance, rates_for
 from .memory import build_pool
+from .stale import stale
 from .step_time import build_step_model
 
 NAN = float("nan")
@@ -96,6 +97,10 @@ class PointSimulation:
         self.memory_refusals = 0
         self.drafts = 0
         self.accepted_per_pos = np.zeros(self.depth, dtype=np.int64)
+        # The step model's inputs and output of every step, when someone asks (harness.calibrate re-times a
+        # schedule under other constants): rows of (n_decode, ctx_decode, prefill_tokens, prefill_reqs,
+        # prefill_attn, seconds) arrays
+        self.trace: list[tuple[np.ndarray, ...]] | None = None
 
     # -- arrivals ------------------------------------------------------------------
     def _arrive_until(self, t: float) -> None:
@@ -199,8 +204,11 @@ class PointSimulation:
         n_dec = int(decode.sum())
         ctx = float(self.kv[decode].sum())
         pre = chunk > 0
-        dt = float(self.step.time(n_dec, ctx, float(chunk.sum()), int(pre.sum()),
-                                  float((chunk[pre] * (self.kv[pre] + chunk[pre] / 2)).sum())))
+        inputs = (n_dec, ctx, float(chunk.sum()), int(pre.sum()),
+                  float((chunk[pre] * (self.kv[pre] + chunk[pre] / 2)).sum()))
+        dt = float(self.step.time(*inputs))
+        if self.trace is not None:
+            self.trace.append(tuple(np.array([x], dtype=float) for x in (*inputs, dt)))
         if self.waiting:
             # _schedule admitted FCFS until a request did not fit (blocks), the seats or the token budget ran out
             self._count_wait("memory" if blocked_by_memory else
@@ -330,6 +338,9 @@ class PointSimulation:
         self.got[rids] += made
         self.held = np.where(fin < e, self.held, need[:, e - 1])
         self.steps += e
+        if self.trace is not None:
+            zero = np.zeros(e)
+            self.trace.append((n_active[:e].astype(float), ctx[:e].astype(float), zero, zero, zero, dt[:e]))
         if self.waiting:       # the head of the queue could not start (_admissible) and nothing changes until e
             self._count_wait(self._queue_reason(), float(dt[:e].sum()), steps=e)
         self._record(t_end[:e], need[:, :e].sum(0), n_active[:e], len(self.waiting))   # no admission until e
@@ -414,6 +425,8 @@ class PointSimulation:
                      "reserve_bytes": self.pool.reserve_bytes, "gdn_page_bytes": plan.gdn_page_bytes,
                      "page_bytes": plan.page_bytes},
             "duration_s": self.t,
+            # a calibration fitted to another version of this strategy's op (harness.engines.sim.stale)
+            "calibration_stale": stale(self.cfg, self.p.strategy, self.spec),
         }
         return PointResult(engine="sim", requests=reqs, telemetry=telemetry)
 

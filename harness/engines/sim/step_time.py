@@ -9,6 +9,13 @@ GDN state bytes per decode request and GDN layer (S: one state):
 ``store_all`` reads 1 and writes one snapshot per verified node (1 + N); ``treewy`` reads the
 committed state and writes the rebuilt one (2) plus its stash; ``replay`` / ``treewy_deferred``
 read the checkpoint and write it only when the buffer flushes (1 + tokens per step / buffer).
+
+A fitted calibration (``conf/calibration/<name>.yaml``, ``python -m harness calibrate``) refines this: a step that
+carries prompt tokens has its own fixed cost (``overhead.<mode>.mixed``: under vLLM's default graph mode decode-only
+steps replay a FULL graph and mixed ones run PIECEWISE), each byte term has a fitted scale (``scales``), and a
+strategy's GDN op is timed by its measured per-layer profile (``gdn_profile``: seconds at each batch, from ``bench
+kernels``' layer section, times a fitted ``gdn_scale``) instead of by the bytes it moves. Without them (the
+estimates) the model is the plain roofline above.
 """
 
 from __future__ import annotations
@@ -44,12 +51,16 @@ class StepModel:
     drafter_flops_per_token: float
     draft_passes: int               # k (sequential MTP passes per step)
     nodes: int                      # tokens verified per decode request (1 without speculation)
+    mixed_overhead_s: float | None = None   # per step carrying prompt tokens (None: overhead_s)
+    gdn_batch: tuple[float, ...] = ()       # profiled batches (decode requests) of the GDN op, ascending
+    gdn_seconds: tuple[float, ...] = ()     # all GDN layers' op time at each profiled batch (s); () : by bytes
 
     def time(self, n_decode, ctx_decode, prefill_tokens, prefill_reqs=0, prefill_attn=0.0):
         """Seconds for steps with ``n_decode`` decode requests holding ``ctx_decode`` KV tokens in total,
         ``prefill_tokens`` prompt tokens in ``prefill_reqs`` chunks (``prefill_attn``: Σ chunk x
         context, for their attention). Works elementwise on numpy arrays."""
         n = np.asarray(n_decode, dtype=float)
+        prefill_tokens = np.asarray(prefill_tokens, dtype=float)
         tokens = n * self.nodes + prefill_tokens
         touched = self._experts(tokens)
         bytes_ = (self.dense_bytes + touched * self.expert_bytes + self.kv_bytes_per_token * ctx_decode
@@ -59,7 +70,18 @@ class StepModel:
         if self.draft_passes:
             bytes_ = bytes_ + self.draft_passes * (self.drafter_bytes + self._experts(n) * self.drafter_expert_bytes)
             flops = flops + self.draft_passes * self.drafter_flops_per_token * n
-        return self.overhead_s + np.maximum(bytes_ / self.bandwidth, flops / self.flops)
+        fixed = self.overhead_s if self.mixed_overhead_s is None else \
+            np.where(prefill_tokens > 0, self.mixed_overhead_s, self.overhead_s)
+        return fixed + np.maximum(bytes_ / self.bandwidth, flops / self.flops) + self.gdn_op_time(n)
+
+    def gdn_op_time(self, n):
+        """Seconds of the profiled GDN op for ``n`` decode requests: the profile's time per request interpolated
+        between its batches (held at the ends), times n; 0 without a profile (its bytes are in the roofline)."""
+        if not self.gdn_batch:
+            return 0.0
+        b = np.asarray(self.gdn_batch)
+        per_request = np.interp(n, b, np.asarray(self.gdn_seconds) / b)
+        return np.where(n > 0, per_request * n, 0.0)
 
     def _experts(self, tokens):
         if self.num_experts == 0:
@@ -110,23 +132,50 @@ def build_step_model(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftT
     token_stash = g.token_stash_bytes("float32")
     at = model.attention
     gdn_flops = 4 * g.num_value_heads * g.key_head_dim * g.value_head_dim * g.num_layers
+    sc = {"weights": 1.0, "kv": 1.0, "flops": 1.0, "drafter": 1.0, **(cfg.get("scales") or {})}
+    draft_pass = float(over["per_draft_pass"]) * passes
+    batch, seconds = gdn_profile(cfg, mode, strategy, tree, g.num_layers, tp)
+    gdn_scale = float((cfg.get("gdn_scale") or {}).get(strategy, 1.0)) if tree is not None else 1.0
     return StepModel(
-        overhead_s=float(over["base"]) + float(over["per_draft_pass"]) * passes,
+        overhead_s=float(over["base"]) + draft_pass,
+        mixed_overhead_s=float(over["mixed"]) + draft_pass if "mixed" in over else None,
         bandwidth=gpu.bandwidth * float(eff["bandwidth"]) * tp,
-        flops=gpu.bf16_flops * float(eff["flops"]) * tp,
-        dense_bytes=dense * wb,
-        expert_bytes=expert_bytes,
+        flops=gpu.bf16_flops * float(eff["flops"]) * tp / float(sc["flops"]),
+        dense_bytes=dense * wb * float(sc["weights"]),
+        expert_bytes=expert_bytes * float(sc["weights"]),
         num_experts=num_e,
         experts_per_token=k_e,
-        kv_bytes_per_token=float(model.kv_bytes_per_token()),
-        gdn_bytes_per_request=g.num_layers * gdn_traffic(strategy, tree, state, token_stash, mean_tokens, options),
+        kv_bytes_per_token=float(model.kv_bytes_per_token()) * float(sc["kv"]),
+        gdn_bytes_per_request=0.0 if batch else
+        g.num_layers * gdn_traffic(strategy, tree, state, token_stash, mean_tokens, options) * gdn_scale,
         gdn_bytes_per_prefill=2.0 * g.num_layers * state,
         flops_per_token=2.0 * model.num_params(active=True) + gdn_flops,
         attn_flops_per_ctx_token=4.0 * at["num_heads"] * at["head_dim"] * at["num_layers"],
-        drafter_bytes=(mtp_dense + model.vocab_size * h) * wb,
-        drafter_expert_bytes=mtp_expert_bytes,
+        drafter_bytes=(mtp_dense + model.vocab_size * h) * wb * float(sc["drafter"]),
+        drafter_expert_bytes=mtp_expert_bytes * float(sc["drafter"]),
         drafter_flops_per_token=2.0 * (model.num_params(active=True, mtp=True) - model.num_params(active=True)
                                        + model.vocab_size * h),
         draft_passes=passes,
         nodes=1 if tree is None else tree.num_nodes,
+        gdn_batch=batch,
+        gdn_seconds=seconds,
     )
+
+
+def gdn_profile(cfg: Mapping[str, Any], mode: str, strategy: str, tree: DraftTree | None, num_layers: int,
+                tp: int = 1) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The calibration's measured GDN op for ``strategy`` in ``mode`` (``gdn_profile.<mode>.<strategy>``: per-layer
+    seconds at each batch, one GPU, for one draft shape), as (batches, seconds for all ``num_layers`` layers, times
+    the fitted ``gdn_scale.<strategy>``); ``((), ())`` where there is none (no speculation, no profile, or one of
+    another draft shape: bytes instead). Under tensor parallelism each GPU runs 1/tp of the heads: n requests take
+    what n / tp took on the profile."""
+    prof = ((cfg.get("gdn_profile") or {}).get(mode) or {}).get(strategy) if tree is not None else None
+    if not prof or prof.get("draft") != tree.label.removesuffix("+root"):
+        return (), ()
+    batch = [float(b) for b in prof["batch"]]
+    per_layer = [float(x) for x in prof["per_layer_s"]]
+    if len(batch) != len(per_layer) or len(batch) < 2 or sorted(batch) != batch:
+        raise ValueError(f"calibration gdn_profile.{mode}.{strategy}: batch and per_layer_s must be two ascending "
+                         "lists of one length (>= 2)")
+    scale = float((cfg.get("gdn_scale") or {}).get(strategy, 1.0))
+    return tuple(b * tp for b in batch), tuple(x * num_layers * scale for x in per_layer)

@@ -1,0 +1,548 @@
+"""``python -m harness calibrate DIR [DIR ...]``: fit the simulator's constants to measured vLLM runs.
+
+What it fits (the structure is :mod:`harness.engines.sim.step_time`'s; the constants land in a
+``conf/calibration/<name>.yaml`` that ``calibration=<name>`` selects):
+
+- per graph mode (vLLM's default FULL + PIECEWISE, PIECEWISE, eager; each from the runs in that mode): the fixed
+  cost of a decode-only step (``overhead.<mode>.base``) and of a step that carries prompt tokens (``mixed``);
+- the MTP drafter's cost per pass (``per_draft_pass``), where the runs have more than one draft depth;
+- the weight / MoE, KV-read and prefill-FLOP terms, as scales of the roofline's (``scales``);
+- each strategy's GDN term: its op's measured per-layer profile (``layer=``, ``bench kernels``' layer section)
+  times a fitted ``gdn_scale``, or without a profile its bytes times it;
+- the non-KV memory reserve, from the KV pools vLLM planned at startup (``num_blocks`` of every run).
+
+How: a closed-loop point's schedule (which requests run in which step, what each step computes) does not depend on
+how long a step takes, so the simulator plays each measured point once on the measured pool (its ``num_blocks``)
+and its requests, recording every step's inputs (:attr:`PointSimulation.trace`). Any candidate constants then
+re-time those steps at once, and each request's TTFT, TPOT and E2E follow from the steps it spans. Least squares
+on the log error of the fitted metrics (``metrics``: output throughput, mean TPOT, p99 TTFT), with a weak pull of
+each scale toward 1 (``prior_weight``) so that terms the data cannot tell apart stay at their estimates. A term the
+runs cannot fit is named in the output with the reason, and keeps the starting value.
+
+Held-out errors (``split=workload``): for each value of the split axis, a fit on the other points, its error on
+those. The written calibration is fitted on all points. Open-loop points are skipped (their schedule depends on the
+step times), as are failed points and points of another model or GPU than the first.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from analysis.metrics import point_metrics
+import workloads
+
+from .config import conf_dir, parse_draft
+from .engines.base import GPUSpec, Point
+from .engines.sim.engine import PointSimulation
+from .engines.sim.memory import build_pool
+from .engines.sim.stale import op_version
+from .engines.sim.step_time import build_step_model
+from .model import ModelSpec
+from .store import Store
+
+#: graph modes as a run's telemetry names them (server.graph_mode) -> the calibration's mode
+MODES = {"FULL (decode) + PIECEWISE (mixed prefill-decode)": "default", "PIECEWISE": "piecewise",
+         "none (eager)": "eager"}
+
+
+@dataclass
+class Measured:
+    """One measured point: where it is, its mode, its stored summary (with metrics) and its requests."""
+
+    folder: str
+    point_id: str
+    mode: str
+    summary: dict[str, Any]
+    requests: list[dict[str, Any]]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.summary["config"]
+
+    def axis(self, name: str) -> Any:
+        c = self.config
+        return {"workload": c.get("workload_name"), "strategy": c.get("strategy"), "gmu": c.get("gmu"),
+                "concurrency": (c.get("load") or {}).get("concurrency"), "draft": c.get("draft") or "none",
+                "folder": self.folder, "mode": self.mode}[name]
+
+
+def graph_mode(summary: Mapping[str, Any]) -> str | None:
+    """The calibration mode a run ran in (None: not recorded)."""
+    server = (summary.get("telemetry") or {}).get("server") or {}
+    if server.get("graph_mode") in MODES:
+        return MODES[server["graph_mode"]]
+    eng = (summary.get("config") or {}).get("engine") or {}
+    if eng.get("enforce_eager"):
+        return "eager"
+    return None
+
+
+def capture_size(summary: Mapping[str, Any]) -> int | None:
+    """The largest batch vLLM captured CUDA graphs for (None: eager): steps past it run without a graph."""
+    if graph_mode(summary) == "eager":
+        return None
+    cap = ((summary.get("telemetry") or {}).get("server") or {}).get("graph_capture") or {}
+    sizes = [int(v.get("largest") or 0) for v in cap.values() if isinstance(v, Mapping)]
+    return max(sizes) if sizes else (summary.get("config") or {}).get("engine", {}).get("max_cudagraph_capture_size")
+
+
+def load_runs(dirs: list[str]) -> tuple[list[Measured], list[tuple[str, str]]]:
+    """The fittable points of ``dirs`` and, for every other point, why it was left out."""
+    runs, skipped = [], []
+    first: tuple[Any, Any] | None = None
+    captures: dict[str, Any] = {}
+    for d in dirs:
+        store = Store(d)
+        if not store.points.is_dir():
+            raise ValueError(f"{d}: not a result folder (no points/); give folders that `python -m harness sweep "
+                             "engine=vllm` wrote")
+        for s in store.summaries():
+            pid = s.get("point_id", "?")
+            cfg = s.get("config") or {}
+            why = None
+            if s.get("engine") != "vllm":
+                why = f"engine {s.get('engine')}: only measured (vllm) runs calibrate the simulator"
+            elif s.get("status") != "ok":
+                why = f"status {s.get('status')}"
+            elif (cfg.get("load") or {}).get("kind") != "closed":
+                why = "open loop: its schedule depends on the step times (closed-loop points only)"
+            elif graph_mode(s) is None:
+                why = "its graph mode is not recorded (telemetry.server.graph_mode)"
+            elif graph_mode(s) != "eager" and capture_size(s) is None:
+                why = "its CUDA-graph capture sizes are not recorded (telemetry.server.graph_capture)"
+            elif capture_size(s) != captures.setdefault(graph_mode(s), capture_size(s)):
+                why = (f"CUDA graphs captured up to {capture_size(s)} tokens, not {captures[graph_mode(s)]} as the "
+                       f"first {graph_mode(s)}-mode point's: another mode in effect (calibrate them apart)")
+            elif not (s.get("telemetry") or {}).get("num_blocks"):
+                why = "no KV pool recorded (telemetry.num_blocks)"
+            else:
+                setup = ((cfg.get("model") or {}).get("name"), (cfg.get("gpu") or {}).get("name"))
+                first = first or setup
+                if setup != first:
+                    why = f"model/gpu {setup[0]}/{setup[1]}, not the first point's {first[0]}/{first[1]}"
+            if why:
+                skipped.append((f"{d}:{pid}", why))
+                continue
+            runs.append(Measured(d, pid, graph_mode(s), s, sorted(store.requests(pid), key=lambda r: r["id"])))
+    return runs, skipped
+
+
+class Replay:
+    """One measured point's schedule, played once by the simulator on the measured pool: every step's inputs,
+    and for every request the steps before its arrival, first token and finish. :meth:`metrics` re-times it under
+    other constants."""
+
+    def __init__(self, m: Measured, engine: Mapping[str, Any]):
+        self.m = m
+        c = m.config
+        self.model = ModelSpec.from_config(c["model"])
+        self.gpu = GPUSpec.from_config(c["gpu"])
+        self.tree = parse_draft(c["draft"], root=True) if c.get("draft") else None
+        self.strategy = c["strategy"]
+        self.options = dict(c.get("strategy_options") or {})
+        reqs = tuple(workloads.Request(prompt_len=int(r["prompt_len"]), output_len=int(r["output_len"]))
+                     for r in m.requests)
+        tel = m.summary["telemetry"]
+        # the measured pool: vLLM's num_blocks of the simulator's page (the plan's arithmetic is vLLM's)
+        pool = build_pool(self.model, self.gpu, self.strategy, self.tree, float(c["gmu"]), engine, self.options)
+        kv_bytes = int((int(tel["num_blocks"]) + 0.5) * pool.plan.bytes_per_block)
+        self.point = Point(model=self.model, gpu=self.gpu, strategy=self.strategy, tree=self.tree, requests=reqs,
+                           arrival=workloads.Arrival(kind="closed", max_concurrency=int(c["load"]["concurrency"]),
+                                                     seed=int(c.get("seed") or 0)),
+                           gmu=float(c["gmu"]), max_num_seqs=int(c["max_num_seqs"]),
+                           max_num_batched_tokens=int(c["max_num_batched_tokens"]),
+                           max_model_len=int(c["max_model_len"]), seed=int(c.get("seed") or 0),
+                           kv_cache_bytes=kv_bytes, strategy_options=self.options)
+        sim = PointSimulation(self.point, {**engine, "mode": m.mode})
+        sim.trace = []
+        result = sim.go()
+        cols = [np.concatenate([t[i] for t in sim.trace]) for i in range(6)]
+        self.n, self.ctx, self.pre_tokens, self.pre_reqs, self.pre_attn, dt = cols
+        self.mean_tokens = sim.acc.mean_length
+        end = np.cumsum(dt)
+
+        def steps_before(t: float | None) -> int:   # steps that ended at or before time t
+            return -1 if t is None else int(np.searchsorted(end, t + 1e-9 * max(1.0, t), side="right"))
+
+        self.records = result.requests
+        self.idx = np.array([[steps_before(r.arrival_s), steps_before(r.first_token_s), steps_before(r.finish_s)]
+                             for r in result.requests])
+        self.sim_telemetry = result.telemetry
+
+    def times(self, engine: Mapping[str, Any]) -> np.ndarray:
+        step = build_step_model(self.model, self.gpu, self.strategy, self.tree, self.mean_tokens,
+                                {**engine, "mode": self.m.mode}, self.options)
+        return np.asarray(step.time(self.n, self.ctx, self.pre_tokens, self.pre_reqs, self.pre_attn), dtype=float)
+
+    def metrics(self, engine: Mapping[str, Any]) -> dict[str, Any]:
+        """The point's metrics with its steps timed by ``engine``'s constants."""
+        clock = np.concatenate([[0.0], np.cumsum(self.times(engine))])
+        recs = []
+        for r, (a, f, e) in zip(self.records, self.idx):
+            recs.append({"arrival_s": clock[a], "first_token_s": None if f < 0 else clock[f],
+                         "finish_s": None if e < 0 else clock[e], "prompt_len": r.prompt_len,
+                         "output_len": r.output_len, "output_tokens": r.output_tokens, "error": r.error})
+        out = point_metrics(recs)
+        out["max_running"] = self.sim_telemetry.get("max_running")
+        return out
+
+
+# -- the parameters ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Param:
+    path: tuple[str, ...]          # where in the engine config
+    start: float
+    prior: bool                    # a scale pulled toward 1
+
+
+def parameters(runs: list[Measured], engine: Mapping[str, Any], profiled: set[str]) -> tuple[list[Param],
+                                                                                             list[dict[str, str]]]:
+    """The terms these runs can fit, and the ones they cannot (with why)."""
+    params: list[Param] = []
+    unfitted: list[dict[str, str]] = []
+    over = engine["overhead"]
+    for mode in sorted({m.mode for m in runs}):
+        start = over[mode]
+        params.append(Param(("overhead", mode, "base"), float(start["base"]), False))
+        params.append(Param(("overhead", mode, "mixed"), float(start.get("mixed", start["base"])), False))
+        depths = {parse_draft(m.config["draft"]).draft_depth if m.config.get("draft") else 0
+                  for m in runs if m.mode == mode}
+        if len(depths) > 1:
+            params.append(Param(("overhead", mode, "per_draft_pass"), float(start["per_draft_pass"]), False))
+        else:
+            unfitted.append({"term": f"overhead.{mode}.per_draft_pass",
+                             "why": f"every {mode}-mode run drafts to depth {depths.pop()}: a pass's cost cannot be "
+                                    "told from the step's fixed cost (runs with speculation off or another depth "
+                                    "would fit it); kept at the estimate"})
+    for term in ("weights", "kv", "flops"):
+        params.append(Param(("scales", term), 1.0, True))
+    unfitted.append({"term": "scales.drafter", "why": "the drafter's bytes are one term with per_draft_pass; "
+                                                       "kept at 1"})
+    for strategy in sorted({m.config["strategy"] for m in runs if m.config.get("draft")}):
+        params.append(Param(("gdn_scale", strategy), 1.0, True))
+        if strategy not in profiled:
+            unfitted.append({"term": f"gdn_profile.{strategy}",
+                             "why": "no per-layer profile of its op (layer=): its GDN term is its bytes, scaled"})
+    return params, unfitted
+
+
+def apply(engine: Mapping[str, Any], params: list[Param], x: np.ndarray) -> dict[str, Any]:
+    out = copy.deepcopy(dict(engine))
+    for p, v in zip(params, x):
+        node = out
+        for key in p.path[:-1]:
+            node = node.setdefault(key, {})
+        node[p.path[-1]] = float(v)
+    for mode, over in list(out["overhead"].items()):          # a mode without its own per_draft_pass: the estimate
+        if "per_draft_pass" not in over:
+            base = engine["overhead"].get("graphs" if mode != "eager" else "eager", {})
+            over["per_draft_pass"] = float(base.get("per_draft_pass", 0.0))
+    return out
+
+
+def fit(replays: list[Replay], engine: Mapping[str, Any], params: list[Param], weights: Mapping[str, float],
+        prior_weight: float) -> tuple[dict[str, Any], np.ndarray]:
+    """Least squares over log parameters; returns the fitted engine config and the final residuals."""
+    from scipy.optimize import least_squares
+
+    real = [r.m.summary["metrics"] for r in replays]
+
+    def residuals(logx: np.ndarray) -> np.ndarray:
+        cfg = apply(engine, params, np.exp(logx))
+        res = []
+        for rep, meas in zip(replays, real):
+            sim = rep.metrics(cfg)
+            for metric, w in weights.items():
+                a, b = sim.get(metric), meas.get(metric)
+                res.append(w * np.log(a / b) if a and b else 0.0)
+        res += [prior_weight * lx for p, lx in zip(params, logx) if p.prior]
+        return np.asarray(res)
+
+    x0 = np.log([max(p.start, 1e-6) for p in params])
+    sol = least_squares(residuals, x0, method="trf", x_scale=1.0, diff_step=1e-3, max_nfev=400)
+    return apply(engine, params, np.exp(sol.x)), sol.fun
+
+
+def errors(replays: list[Replay], cfg: Mapping[str, Any], metrics: list[str]) -> dict[str, Any]:
+    """Per metric: median and max absolute relative error of the simulator against the runs, and per point."""
+    per_point = []
+    for rep in replays:
+        sim, real = rep.metrics(cfg), rep.m.summary["metrics"]
+        row = {"point": f"{rep.m.folder}:{rep.m.point_id}"}
+        for metric in metrics:
+            a, b = sim.get(metric), real.get(metric)
+            row[metric] = None if not a or not b else round(a / b - 1.0, 4)
+        per_point.append(row)
+    summary = {}
+    for metric in metrics:
+        e = np.abs([r[metric] for r in per_point if r[metric] is not None])
+        summary[metric] = {"median_abs": round(float(np.median(e)), 4) if len(e) else None,
+                           "max_abs": round(float(e.max()), 4) if len(e) else None, "points": int(len(e))}
+    return {"summary": summary, "points": per_point}
+
+
+# -- memory: the non-KV reserve from the startup KV plans ----------------------------------------------------------
+
+def fit_reserve(runs: list[Measured], engine: Mapping[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]],
+                                                                          list[dict[str, str]]]:
+    """``non_kv_memory`` fitted to every distinct startup's ``num_blocks``: reserve = requested - weights - pool
+    (the pool's midpoint between num_blocks and num_blocks + 1 pages). Returns the constants, the startups with
+    their predicted blocks, and the terms left at their estimates."""
+    start = dict(engine["non_kv_memory"])
+    seen: dict[tuple, dict[str, Any]] = {}
+    for m in runs:
+        c = m.config
+        model, gpu = ModelSpec.from_config(c["model"]), GPUSpec.from_config(c["gpu"])
+        tree = parse_draft(c["draft"], root=True) if c.get("draft") else None
+        pool = build_pool(model, gpu, c["strategy"], tree, float(c["gmu"]), engine, c.get("strategy_options"))
+        key = (c["gmu"], c["strategy"] if tree else "none", c.get("draft"))
+        nb = int(m.summary["telemetry"]["num_blocks"])
+        requested = int(float(c["gmu"]) * gpu.memory_bytes)
+        reserve = requested - pool.weight_bytes - (nb + 0.5) * pool.plan.bytes_per_block
+        seen[key] = {"gmu": c["gmu"], "strategy": key[1], "draft": c.get("draft"), "num_blocks": nb,
+                     "requested": requested, "reserve": reserve, "spec": tree is not None,
+                     "weights": pool.weight_bytes, "model": model, "gpu": gpu, "tree": tree, "opts": c.get("strategy_options")}
+    rows = list(seen.values())
+    unfitted = []
+    cols = [("base_bytes", lambda r: 1.0)]
+    if len({r["requested"] for r in rows}) > 1:
+        cols.append(("fraction_of_requested", lambda r: float(r["requested"])))
+    else:
+        unfitted.append({"term": "non_kv_memory.fraction_of_requested",
+                         "why": "every startup requested the same memory (one gmu): kept at the estimate"})
+    if len({r["spec"] for r in rows}) > 1:
+        cols.append(("spec_bytes", lambda r: float(r["spec"])))
+    else:
+        unfitted.append({"term": "non_kv_memory.spec_bytes",
+                         "why": "every startup " + ("speculates" if rows and rows[0]["spec"] else "runs without "
+                                                    "speculation") + ": the drafter's share cannot be told apart; "
+                                "kept at the estimate"})
+    fixed = {k: float(v) for k, v in start.items() if k not in dict(cols)}
+    y = np.array([r["reserve"] - fixed.get("fraction_of_requested", 0.0) * r["requested"]
+                  - (fixed.get("spec_bytes", 0.0) if r["spec"] else 0.0) for r in rows])
+    A = np.array([[f(r) for _, f in cols] for r in rows])
+    coef = np.linalg.lstsq(A, y, rcond=None)[0] if len(rows) >= len(cols) else None
+    if coef is None:
+        unfitted.append({"term": "non_kv_memory", "why": f"{len(rows)} startups for {len(cols)} terms"})
+        out = start
+    else:
+        out = {**fixed, **{k: float(v) for (k, _), v in zip(cols, coef)}}
+    table = []
+    for r in rows:
+        cfg = {**engine, "non_kv_memory": out}
+        pool = build_pool(r["model"], r["gpu"], r["strategy"] if r["spec"] else "store_all", r["tree"],
+                          float(r["gmu"]), cfg, r["opts"])
+        table.append({"gmu": r["gmu"], "strategy": r["strategy"], "draft": r["draft"],
+                      "num_blocks": r["num_blocks"], "predicted": pool.num_blocks})
+    return {k: float(out[k]) for k in ("base_bytes", "fraction_of_requested", "spec_bytes")}, table, unfitted
+
+
+# -- the GDN op profile ----------------------------------------------------------------------------------------
+
+def read_profile(path: str | None, drafts: set[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """``bench kernels``' layer JSON -> ``gdn_profile`` per mode: per strategy (vLLM's own kernel is store_all's op)
+    the per-layer seconds at each batch, for the runs' draft (``graph_s`` for the graph modes, ``eager_s`` with
+    the launch for eager); where a batch was timed twice (a tuned variant), its faster row."""
+    if not path:
+        return {}, None
+    data = json.loads(Path(path).read_text())
+    rows = (data.get("layer") or {}).get("rows") or []
+    if not rows:
+        raise ValueError(f"layer={path}: no layer rows (write one with python -m harness bench kernels "
+                         "'sections=[layer]' on the GPU)")
+    if len(drafts) != 1:
+        raise ValueError(f"layer={path}: the runs verify {sorted(drafts)}; a profile is per draft shape, so "
+                         "calibrate runs of one draft shape with it (or leave layer= out)")
+    label = f"{next(iter(drafts))}+root"
+    out: dict[str, dict[str, Any]] = {}
+    for mode, key in (("default", "graph_s"), ("piecewise", "graph_s"), ("eager", "eager_s")):
+        best: dict[tuple[str, int], float] = {}
+        for r in rows:
+            if r.get("draft") != label or r.get(key) is None:
+                continue
+            s = "store_all" if r["strategy"] == "vllm_store_all" else r["strategy"]
+            k = (s, int(r["batch"]))
+            best[k] = min(best.get(k, float("inf")), float(r[key]))
+        for s in sorted({s for s, _ in best}):
+            batches = sorted(b for t, b in best if t == s)
+            out.setdefault(mode, {})[s] = {"draft": next(iter(drafts)), "batch": batches,
+                                           "per_layer_s": [best[(s, b)] for b in batches]}
+    return out, f"{path} ({data.get('device', '?')}, {(data.get('provenance') or {}).get('git_commit', '?')[:7]})"
+
+
+def op_versions(runs: list[Measured]) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """What each strategy's GDN op was in the runs: vLLM's version for store_all (its own kernel), else the hash of
+    the plugin's op code at the commit each run recorded (:mod:`harness.engines.sim.stale` marks the calibration
+    stale when the code here differs). Where a strategy's runs ran several versions, or a commit cannot be read
+    here, the second list says so and the strategy gets no version (never stale-checked)."""
+    out, notes = {}, []
+    for s in sorted({m.config["strategy"] for m in runs if m.config.get("draft")}):
+        mine = [m for m in runs if m.config["strategy"] == s and m.config.get("draft")]
+        if s == "store_all":
+            versions = {"vllm " + str(m.summary["telemetry"].get("vllm_version") or "?") for m in mine}
+        else:
+            versions = {op_version(s, str((m.summary.get("provenance") or {}).get("git_commit") or "")) or "unknown"
+                        for m in mine}
+        if len(versions) == 1 and "unknown" not in versions:
+            out[s] = versions.pop()
+        else:
+            notes.append({"strategy": s, "why": f"its runs ran op versions {sorted(versions)} ('unknown': a commit "
+                                                "this checkout cannot read): no single version to check against"})
+    return out, notes
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+
+def run(cfg: DictConfig) -> int:
+    from .console import console as make_console, table as make_table
+
+    console = make_console()
+    dirs = [str(cfg.dir), *[str(d) for d in (cfg.get("more") or [])]]
+    engine = OmegaConf.to_container(cfg.engine, resolve=True)
+    runs, skipped = load_runs(dirs)
+    for where, why in skipped:
+        console.print(f"[dim]left out {where}: {why}[/]")
+    if not runs:
+        raise ValueError(f"{', '.join(dirs)}: no measured closed-loop point to fit (see above)")
+    model, gpu = runs[0].config["model"]["name"], runs[0].config["gpu"]["name"]
+    name = cfg.name or f"{gpu}_{model}"
+    weights = {str(k): float(v) for k, v in cfg.metrics.items()}
+    report = [*weights, *[m for m in ("tpot_p50", "ttft_p50", "e2e_mean", "max_running") if m not in weights]]
+    drafts = {r.config.get("draft") for r in runs if r.config.get("draft")}
+    over = engine["overhead"]
+    for mode in {r.mode for r in runs} - set(over):   # the estimates have eager | graphs: start a mode from its kin
+        over[mode] = dict(over["eager" if mode == "eager" else "graphs"])
+    profile, profile_source = read_profile(cfg.layer, drafts)
+    engine = {**engine, "gdn_profile": profile} if profile else engine
+    profiled = set().union(*[set(v) for v in profile.values()]) if profile else set()
+    t0 = time.perf_counter()
+    console.print(f"calibrate: {len(runs)} points of {model} on {gpu} from {', '.join(dirs)} "
+                  f"(modes {', '.join(sorted({r.mode for r in runs}))}); playing each schedule once ...")
+    replays = [Replay(m, engine) for m in runs]
+    params, unfitted = parameters(runs, engine, profiled)
+    console.print(f"fitting {len(params)} terms to {len(runs)} points x {len(weights)} metrics "
+                  f"({time.perf_counter() - t0:.0f} s so far) ...")
+    fitted, _ = fit(replays, engine, params, weights, float(cfg.prior_weight))
+    reserve, startups, mem_unfitted = fit_reserve(runs, engine)
+    fitted["non_kv_memory"] = reserve
+    unfitted += mem_unfitted
+    all_err = errors(replays, fitted, report)
+    held = held_out(replays, runs, engine, params, weights, float(cfg.prior_weight), str(cfg.split), report)
+    before = errors(replays, engine, report)["summary"]
+    console.print(f"fitted in {time.perf_counter() - t0:.0f} s")
+
+    t = make_table(f"calibration {name}: |sim / measured - 1|, median (max)",
+                   ["metric", "estimates", "fitted (all points)", f"held out by {cfg.split}"], left=1)
+    for metric in report:
+        h = held.get("summary", {}).get(metric) if held.get("summary") else None
+        t.add_row(metric, _fmt(before[metric]), _fmt(all_err["summary"][metric]), _fmt(h) if h else "-")
+    console.print(t)
+    if held.get("why"):
+        console.print(f"[bold]held out[/]: {held['why']}")
+    console.print("max_running: the simulator's schedule on each run's measured pool (the memory model is checked "
+                  "by the startups below)")
+    mt = make_table("KV pool at startup: vLLM's blocks and the fitted reserve's", ["gmu", "strategy", "draft",
+                                                                                   "vLLM", "simulator"], left=3)
+    for r in startups:
+        mt.add_row(f"{r['gmu']:g}", r["strategy"], str(r["draft"] or "none"), str(r["num_blocks"]), str(r["predicted"]))
+    console.print(mt)
+    for u in unfitted:
+        console.print(f"[yellow]not fitted[/] {u['term']}: {u['why']}")
+    ops, op_notes = op_versions(runs)
+    line = (f"{name}: fitted to {len(runs)} measured vLLM points ({', '.join(sorted({r.mode for r in runs}))} "
+            f"mode) in {', '.join(dirs)}; fit error (median |sim/measured - 1|) "
+            + ", ".join(f"{m} {all_err['summary'][m]['median_abs']:.0%}" for m in weights)
+            + (f"; held out by {cfg.split}: " + ", ".join(
+                f"{m} {held['summary'][m]['median_abs']:.0%}" for m in weights) if held.get("summary") else
+               f"; no held-out error ({held.get('why')})")
+            + "; valid for dummy weights (MoE routing not a trained model's), synthetic acceptance, the GDN ops "
+            "hashed in calibration_fit.gdn_ops")
+    doc = {
+        "calibration": line,
+        "non_kv_memory": reserve,
+        "overhead": {m: fitted["overhead"][m] for m in sorted({r.mode for r in runs})},
+        "efficiency": dict(engine["efficiency"]),
+        "scales": fitted.get("scales", {}),
+        "gdn_scale": fitted.get("gdn_scale", {}),
+        **({"gdn_profile": profile} if profile else {}),
+        "mode": "default" if "default" in {r.mode for r in runs} else sorted({r.mode for r in runs})[0],
+        "calibration_fit": {
+            "name": name, "model": model, "gpu": gpu,
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": "python -m harness calibrate " + " ".join(dirs)
+                       + (f" layer={cfg.layer}" if cfg.layer else "") + f" split={cfg.split} name={name}",
+            "sources": sorted({f"{r.folder}:{r.point_id}" for r in runs}),
+            "git_commits": sorted({str((r.summary.get("provenance") or {}).get("git_commit", "?"))[:12] for r in runs}),
+            "vllm": sorted({str(r.summary["telemetry"].get("vllm_version")) for r in runs}),
+            "gdn_profile_source": profile_source,
+            "gdn_ops": ops,
+            "gdn_ops_notes": op_notes,
+            "metrics_weights": weights, "prior_weight": float(cfg.prior_weight),
+            "error_estimates": before, "error": all_err["summary"], "held_out": held,
+            "points": all_err["points"], "startups": startups, "unfitted": unfitted,
+            "domain": "dummy weights (MoE routing is not a trained model's); synthetic acceptance; closed loop; "
+                      "the GDN ops in gdn_ops (a changed op marks the calibration stale)",
+        },
+    }
+    out = Path(cfg.out) if cfg.out else conf_dir() / "calibration" / f"{name}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(_yaml(doc, name, dirs))
+    console.print(f"wrote {out}: use it with calibration={out.stem} (engine=sim)")
+    return 0
+
+
+def held_out(replays, runs, engine, params, weights, prior_weight, axis, report) -> dict[str, Any]:
+    """For each value of ``axis``: fit without its points, errors on them (pooled over the values)."""
+    values = sorted({str(m.axis(axis)) for m in runs})
+    if len(values) < 2:
+        return {"axis": axis, "why": f"every point has {axis} {values[0]}: nothing to hold out"}
+    rows, folds = [], []
+    for v in values:
+        train = [r for r in replays if str(r.m.axis(axis)) != v]
+        test = [r for r in replays if str(r.m.axis(axis)) == v]
+        cfg, _ = fit(train, engine, params, weights, prior_weight)
+        e = errors(test, cfg, report)
+        rows += e["points"]
+        folds.append({axis: v, "trained_on": len(train), "tested_on": len(test), "error": e["summary"]})
+    summary = {}
+    for metric in report:
+        x = np.abs([r[metric] for r in rows if r[metric] is not None])
+        summary[metric] = {"median_abs": round(float(np.median(x)), 4) if len(x) else None,
+                           "max_abs": round(float(x.max()), 4) if len(x) else None, "points": int(len(x))}
+    return {"axis": axis, "summary": summary, "folds": folds, "points": rows}
+
+
+def _fmt(e: Mapping[str, Any] | None) -> str:
+    if not e or e.get("median_abs") is None:
+        return "-"
+    return f"{e['median_abs']:.1%} ({e['max_abs']:.1%})"
+
+
+def _yaml(doc: dict[str, Any], name: str, dirs: list[str]) -> str:
+    import yaml
+
+    head = (f"# @package engine\n# Written by python -m harness calibrate ({time.strftime('%Y-%m-%d')}) from {', '.join(dirs)}:\n"
+            "# the simulator's constants fitted to measured vLLM runs (harness/calibrate.py says how). Select it with\n"
+            f"# calibration={name} (engine=sim). calibration_fit: what it was fitted to and how well (not read by the\n"
+            "# simulator's step cost; its gdn_ops mark the calibration stale when an op changes).\n")
+    return head + yaml.safe_dump(_rounded(json.loads(json.dumps(doc))), sort_keys=False, width=118)
+
+
+def _rounded(x: Any) -> Any:
+    """Floats to 6 significant digits (a fit is not more precise than that; the file stays readable)."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return x
