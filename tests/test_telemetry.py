@@ -28,7 +28,7 @@ def test_a_renamed_dropped_or_mistyped_key_is_named():
          "spec_state_bytes": None, "itl_s": {}, "duration_s": 1.0, "steps": 5, "pool": {},
          "max_concurrency_mean_request": 3.0, "waiting_s": {"memory": 0.0},
          "memory_evidence": {"source": "admission", "refusals": 0},
-         "timeline": {"t_s": [], "kv_usage": [], "running": [], "waiting": []}}
+         "timeline": {"t_s": [], "kv_usage": [], "running": [], "waiting": []}, "calibration_stale": None}
     assert problems(t) == []
     del t["memory_evidence"]
     assert problems(t) == ["memory_evidence: missing"] and problems(t, stored=True) == []
