@@ -1,5 +1,7 @@
 """Memory accounting reproduces the TreeWY paper's figures (ARCHITECTURE.md, reference numbers)."""
 
+from pathlib import Path
+
 import pytest
 
 import strategies
@@ -72,3 +74,34 @@ def test_bad_shapes_and_dtypes():
     with pytest.raises(ValueError, match=r"missing \['conv_kernel'\]"):
         GDNShape.from_config({"num_layers": 1, "num_key_heads": 1, "num_value_heads": 1,
                               "key_head_dim": 1, "value_head_dim": 1})
+
+
+def test_the_tree_memory_table_reads_vllm_s_plans_and_failures(tmp_path):
+    """results/h200-tree-memory/device/table.py on two real H200 startups (results/h200-plugin: k = 3, gmu 0.9,
+    named as the tree-memory plan names them) and a failed start: vLLM's pages per GDN group (store_all 1 + k,
+    treewy 1: the paper's 4 and 1), blocks per 4096-token request and pool, the simulator's pool beside them (its
+    memory model was fitted to these startups: equal), the failure's error as that row's result."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for src, dst in (("start-0.9-store_all", "start-0.9-store_all-k3"), ("start-0.9-treewy", "start-0.9-treewy-k3")):
+        shutil.copy(root / "results" / "h200-plugin" / "runs" / f"{src}.json", runs / f"{dst}.json")
+    (runs / "summary.json").write_text(json.dumps([{"name": "start-0.6-store_all-k39", "rc": 1, "failure": "exit 1",
+                                                    "errors": ["ValueError: not enough KV cache memory"]}]))
+    proc = subprocess.run([sys.executable, str(root / "results" / "h200-tree-memory" / "device" / "table.py"),
+                           str(runs)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "table.json").read_text())}
+    sa, tw = rows["start-0.9-store_all-k3"], rows["start-0.9-treewy-k3"]
+    assert (sa["pages_per_group"], sa["blocks_per_request"], sa["num_blocks"]) == (4, 16, 2528)
+    assert (tw["pages_per_group"], tw["blocks_per_request"], tw["num_blocks"]) == (1, 7, 2386)
+    assert (sa["sim_num_blocks"], tw["sim_num_blocks"]) == (2528, 2386)
+    assert rows["start-0.6-store_all-k39"]["status"] == "failed"
+    assert "not enough KV cache memory" in rows["start-0.6-store_all-k39"]["error"]
+    assert rows["start-0.9-store_all-k39"]["status"] == "not run" and rows["start-0.9-store_all-k39"]["sim_pages_per_group"] == 40
+    assert "| 0.9 | 3 | store_all | 4 (4) | 16 | 1072 | 2528 | 158.00x |" in (tmp_path / "table.md").read_text()
