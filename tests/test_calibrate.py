@@ -104,7 +104,7 @@ def test_the_committed_calibration_predicts_the_probes_it_was_not_fitted_on():
 def test_calibration_is_chosen_by_name_for_the_simulator_only():
     cfg = compose("sweep", ["engine=sim", "calibration=h200_qwen35_35b"], quiet=True)
     assert cfg.engine.mode == "default" and "fitted to" in cfg.engine.calibration
-    assert compose("sweep", ["engine=sim"], quiet=True).engine.calibration.startswith("memory: 8 vLLM")
+    assert compose("sweep", ["engine=sim"], quiet=True).engine.calibration.startswith("estimates, not fitted")
     with pytest.raises(ValueError, match="no conf/calibration/nope.yaml; calibrations: .*estimates"):
         compose("sweep", ["engine=sim", "calibration=nope"], quiet=True)
     with pytest.raises(ValueError, match="not the simulator"):
