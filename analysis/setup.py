@@ -69,9 +69,13 @@ def _graphs(s: dict[str, Any]) -> str:
 
 def _gdn(s: dict[str, Any]) -> str:
     if s.get("engine") == "sim":
-        eng = (s.get("config") or {}).get("engine") or {}
-        strategy = (s.get("config") or {}).get("strategy")
-        if ((eng.get("gdn_profile") or {}).get(eng.get("mode")) or {}).get(strategy):
+        from harness.config import parse_draft
+
+        cfg = s.get("config") or {}
+        eng = cfg.get("engine") or {}
+        prof = ((eng.get("gdn_profile") or {}).get(eng.get("mode")) or {}).get(cfg.get("strategy"))
+        # the profile applies to its own draft shape only (harness.engines.sim.step_time.gdn_profile)
+        if prof and cfg.get("draft") and prof.get("draft") == parse_draft(cfg["draft"]).label.removesuffix("+root"):
             return "modelled (its op's measured per-layer time, fitted scale)"
         return "modelled (state bytes moved per step)"
     said = ((s.get("telemetry") or {}).get("server") or {}).get("gdn_commit")

@@ -6,9 +6,10 @@ What it fits (the structure is :mod:`harness.engines.sim.step_time`'s; the const
 - per graph mode (vLLM's default FULL + PIECEWISE, PIECEWISE, eager; each from the runs in that mode): the fixed
   cost of a decode-only step (``overhead.<mode>.base``) and of a step that carries prompt tokens (``mixed``);
 - the MTP drafter's cost per pass (``per_draft_pass``), where the runs have more than one draft depth;
-- the weight / MoE, KV-read and prefill-FLOP terms, as scales of the roofline's (``scales``);
-- each strategy's GDN term: its op's measured per-layer profile (``layer=``, ``bench kernels``' layer section)
-  times a fitted ``gdn_scale``, or without a profile its bytes times it;
+- the weight / MoE, KV-read and FLOP terms, as scales of the roofline's (``scales``);
+- each strategy's GDN term: its op's measured per-layer profile (``layer=``, ``bench kernels``' layer section, for
+  the strategies the runs ran) times a fitted ``gdn_scale``, or without a profile its bytes times a fitted
+  ``gdn_bytes_scale``;
 - the non-KV memory reserve, from the KV pools vLLM planned at startup (``num_blocks`` of every run).
 
 How: a closed-loop point's schedule (which requests run in which step, what each step computes) does not depend on
@@ -20,8 +21,11 @@ each scale toward 1 (``prior_weight``) so that terms the data cannot tell apart 
 runs cannot fit is named in the output with the reason, and keeps the starting value.
 
 Held-out errors (``split=workload``): for each value of the split axis, a fit on the other points, its error on
-those. The written calibration is fitted on all points. Open-loop points are skipped (their schedule depends on the
-step times), as are failed points and points of another model or GPU than the first.
+those; a fold whose points need a term the other points cannot fit (a strategy or mode only they ran) is reported
+apart and left out of the held-out summary. The written calibration is fitted on all points. Open-loop points are
+skipped (their schedule depends on the step times), as are failed points, tensor-parallel ones and points of
+another model or GPU than the first. ``calibration=NAME`` starts the fit from that calibration (its profile too,
+when no ``layer=`` is given).
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from typing import Any, Mapping
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from analysis.metrics import point_metrics
 import workloads
+from analysis.metrics import point_metrics
 
 from .config import conf_dir, parse_draft
 from .engines.base import GPUSpec, Point
@@ -51,6 +55,12 @@ from .store import Store
 #: graph modes as a run's telemetry names them (server.graph_mode) -> the calibration's mode
 MODES = {"FULL (decode) + PIECEWISE (mixed prefill-decode)": "default", "PIECEWISE": "piecewise",
          "none (eager)": "eager"}
+
+
+#: the metrics a fit may weigh (``metrics`` in conf/calibrate.yaml): every fitted point must have them
+FITTED = ("output_throughput", "tpot_mean", "ttft_p99")
+#: the axes a held-out split can hold a value of out
+AXES = ("workload", "strategy", "gmu", "concurrency", "draft", "folder", "mode")
 
 
 @dataclass
@@ -114,6 +124,8 @@ def load_runs(dirs: list[str]) -> tuple[list[Measured], list[tuple[str, str]]]:
                 why = f"status {s.get('status')}"
             elif (cfg.get("load") or {}).get("kind") != "closed":
                 why = "open loop: its schedule depends on the step times (closed-loop points only)"
+            elif int((cfg.get("engine") or {}).get("tensor_parallel_size") or 1) != 1:
+                why = "tensor parallel: the fit's step model is one GPU's (calibrate one-GPU runs)"
             elif graph_mode(s) is None:
                 why = "its graph mode is not recorded (telemetry.server.graph_mode)"
             elif graph_mode(s) != "eager" and capture_size(s) is None:
@@ -123,6 +135,8 @@ def load_runs(dirs: list[str]) -> tuple[list[Measured], list[tuple[str, str]]]:
                        f"first {graph_mode(s)}-mode point's: another mode in effect (calibrate them apart)")
             elif not (s.get("telemetry") or {}).get("num_blocks"):
                 why = "no KV pool recorded (telemetry.num_blocks)"
+            elif missing := [k for k in FITTED if not (s.get("metrics") or {}).get(k)]:
+                why = f"a metric the fit needs is missing or 0 ({', '.join(missing)})"
             else:
                 setup = ((cfg.get("model") or {}).get("name"), (cfg.get("gpu") or {}).get("name"))
                 first = first or setup
@@ -190,9 +204,7 @@ class Replay:
             recs.append({"arrival_s": clock[a], "first_token_s": None if f < 0 else clock[f],
                          "finish_s": None if e < 0 else clock[e], "prompt_len": r.prompt_len,
                          "output_len": r.output_len, "output_tokens": r.output_tokens, "error": r.error})
-        out = point_metrics(recs)
-        out["max_running"] = self.sim_telemetry.get("max_running")
-        return out
+        return point_metrics(recs)
 
 
 # -- the parameters ----------------------------------------------------------------------------------------------
@@ -201,7 +213,7 @@ class Replay:
 class Param:
     path: tuple[str, ...]          # where in the engine config
     start: float
-    prior: bool                    # a scale pulled toward 1
+    prior: bool                    # a scale pulled toward 1 (the estimates' value)
 
 
 def parameters(runs: list[Measured], engine: Mapping[str, Any], profiled: set[str]) -> tuple[list[Param],
@@ -223,13 +235,18 @@ def parameters(runs: list[Measured], engine: Mapping[str, Any], profiled: set[st
                              "why": f"every {mode}-mode run drafts to depth {depths.pop()}: a pass's cost cannot be "
                                     "told from the step's fixed cost (runs with speculation off or another depth "
                                     "would fit it); kept at the estimate"})
+    scales = engine.get("scales") or {}
     for term in ("weights", "kv", "flops"):
-        params.append(Param(("scales", term), 1.0, True))
+        params.append(Param(("scales", term), float(scales.get(term, 1.0)), True))
     unfitted.append({"term": "scales.drafter", "why": "the drafter's bytes are one term with per_draft_pass; "
-                                                       "kept at 1"})
+                                                       "kept at the start"})
     for strategy in sorted({m.config["strategy"] for m in runs if m.config.get("draft")}):
-        params.append(Param(("gdn_scale", strategy), 1.0, True))
-        if strategy not in profiled:
+        if strategy in profiled:
+            params.append(Param(("gdn_scale", strategy), float((engine.get("gdn_scale") or {}).get(strategy, 1.0)),
+                                True))
+        else:
+            params.append(Param(("gdn_bytes_scale", strategy),
+                                float((engine.get("gdn_bytes_scale") or {}).get(strategy, 1.0)), True))
             unfitted.append({"term": f"gdn_profile.{strategy}",
                              "why": "no per-layer profile of its op (layer=): its GDN term is its bytes, scaled"})
     return params, unfitted
@@ -242,16 +259,13 @@ def apply(engine: Mapping[str, Any], params: list[Param], x: np.ndarray) -> dict
         for key in p.path[:-1]:
             node = node.setdefault(key, {})
         node[p.path[-1]] = float(v)
-    for mode, over in list(out["overhead"].items()):          # a mode without its own per_draft_pass: the estimate
-        if "per_draft_pass" not in over:
-            base = engine["overhead"].get("graphs" if mode != "eager" else "eager", {})
-            over["per_draft_pass"] = float(base.get("per_draft_pass", 0.0))
     return out
 
 
 def fit(replays: list[Replay], engine: Mapping[str, Any], params: list[Param], weights: Mapping[str, float],
-        prior_weight: float) -> tuple[dict[str, Any], np.ndarray]:
-    """Least squares over log parameters; returns the fitted engine config and the final residuals."""
+        prior_weight: float) -> tuple[dict[str, Any], str | None]:
+    """Least squares over log parameters: the fitted engine config, and why the optimiser stopped short (None: it
+    converged)."""
     from scipy.optimize import least_squares
 
     real = [r.m.summary["metrics"] for r in replays]
@@ -262,14 +276,14 @@ def fit(replays: list[Replay], engine: Mapping[str, Any], params: list[Param], w
         for rep, meas in zip(replays, real):
             sim = rep.metrics(cfg)
             for metric, w in weights.items():
-                a, b = sim.get(metric), meas.get(metric)
-                res.append(w * np.log(a / b) if a and b else 0.0)
+                a, b = sim.get(metric), meas[metric]     # load_runs kept points that have every FITTED metric
+                res.append(w * np.log(a / b) if a else w * 10.0)   # a simulated point with no value: far off
         res += [prior_weight * lx for p, lx in zip(params, logx) if p.prior]
         return np.asarray(res)
 
     x0 = np.log([max(p.start, 1e-6) for p in params])
     sol = least_squares(residuals, x0, method="trf", x_scale=1.0, diff_step=1e-3, max_nfev=400)
-    return apply(engine, params, np.exp(sol.x)), sol.fun
+    return apply(engine, params, np.exp(sol.x)), None if sol.success else str(sol.message)
 
 
 def errors(replays: list[Replay], cfg: Mapping[str, Any], metrics: list[str]) -> dict[str, Any]:
@@ -309,8 +323,8 @@ def fit_reserve(runs: list[Measured], engine: Mapping[str, Any]) -> tuple[dict[s
         requested = int(float(c["gmu"]) * gpu.memory_bytes)
         reserve = requested - pool.weight_bytes - (nb + 0.5) * pool.plan.bytes_per_block
         seen[key] = {"gmu": c["gmu"], "strategy": key[1], "draft": c.get("draft"), "num_blocks": nb,
-                     "requested": requested, "reserve": reserve, "spec": tree is not None,
-                     "weights": pool.weight_bytes, "model": model, "gpu": gpu, "tree": tree, "opts": c.get("strategy_options")}
+                     "requested": requested, "reserve": reserve, "spec": tree is not None, "model": model,
+                     "gpu": gpu, "tree": tree, "opts": c.get("strategy_options")}
     rows = list(seen.values())
     unfitted = []
     cols = [("base_bytes", lambda r: 1.0)]
@@ -348,10 +362,11 @@ def fit_reserve(runs: list[Measured], engine: Mapping[str, Any]) -> tuple[dict[s
 
 # -- the GDN op profile ----------------------------------------------------------------------------------------
 
-def read_profile(path: str | None, drafts: set[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
-    """``bench kernels``' layer JSON -> ``gdn_profile`` per mode: per strategy (vLLM's own kernel is store_all's op)
-    the per-layer seconds at each batch, for the runs' draft (``graph_s`` for the graph modes, ``eager_s`` with
-    the launch for eager); where a batch was timed twice (a tuned variant), its faster row."""
+def read_profile(path: str | None, drafts: set[str], ran: set[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """``bench kernels``' layer JSON -> ``gdn_profile`` per mode: for each strategy the runs ``ran`` (vLLM's own
+    kernel is store_all's op; a strategy no run measured in the engine gets none, since its in-engine scale is
+    unknown) the per-layer seconds at each batch, for the runs' draft (``graph_s`` for the graph modes,
+    ``eager_s`` with the launch for eager); where a batch was timed twice (a tuned variant), its faster row."""
     if not path:
         return {}, None
     data = json.loads(Path(path).read_text())
@@ -370,6 +385,8 @@ def read_profile(path: str | None, drafts: set[str]) -> tuple[dict[str, dict[str
             if r.get("draft") != label or r.get(key) is None:
                 continue
             s = "store_all" if r["strategy"] == "vllm_store_all" else r["strategy"]
+            if s not in ran:
+                continue
             k = (s, int(r["batch"]))
             best[k] = min(best.get(k, float("inf")), float(r[key]))
         for s in sorted({s for s, _ in best}):
@@ -400,6 +417,44 @@ def op_versions(runs: list[Measured]) -> tuple[dict[str, str], list[dict[str, st
     return out, notes
 
 
+def held_out(replays: list[Replay], engine: Mapping[str, Any], params: list[Param], weights: Mapping[str, float],
+             prior_weight: float, axis: str, report: list[str]) -> dict[str, Any]:
+    """For each value of ``axis``: fit without its points, errors on them, pooled over the values. A fold whose
+    points need a term the others do not fit (a strategy's GDN term, a mode's step costs) is listed with those
+    terms and kept out of the summary: its error would measure the starting value, not the fit."""
+    values = sorted({str(r.m.axis(axis)) for r in replays})
+    if len(values) < 2:
+        return {"axis": axis, "why": f"every point has {axis} {values[0]}: nothing to hold out"}
+    rows, folds = [], []
+    for v in values:
+        train = [r for r in replays if str(r.m.axis(axis)) != v]
+        test = [r for r in replays if str(r.m.axis(axis)) == v]
+        seen = {r.m.mode for r in train} | {r.m.config["strategy"] for r in train if r.m.config.get("draft")}
+        untrained = sorted({".".join(p.path) for p in params
+                            if p.path[0] in ("overhead", "gdn_scale", "gdn_bytes_scale") and p.path[1] not in seen
+                            and any(p.path[1] in (r.m.mode, r.m.config["strategy"]) for r in test)})
+        cfg, stopped = fit(train, engine, params, weights, prior_weight)
+        e = errors(test, cfg, report)
+        if not untrained:
+            rows += e["points"]
+        folds.append({axis: v, "trained_on": len(train), "tested_on": len(test), "error": e["summary"],
+                      **({"untrained_terms": untrained} if untrained else {}),
+                      **({"fit_stopped": stopped} if stopped else {})})
+    if not rows:
+        return {"axis": axis, "folds": folds,
+                "why": f"every fold held out a term the others cannot fit (split by {axis}): no held-out error"}
+    return {"axis": axis, "summary": _summary(rows, report), "folds": folds, "points": rows}
+
+
+def _summary(rows: list[dict[str, Any]], metrics: list[str]) -> dict[str, Any]:
+    out = {}
+    for metric in metrics:
+        x = np.abs([r[metric] for r in rows if r[metric] is not None])
+        out[metric] = {"median_abs": round(float(np.median(x)), 4) if len(x) else None,
+                       "max_abs": round(float(x.max()), 4) if len(x) else None, "points": int(len(x))}
+    return out
+
+
 # -- the command ---------------------------------------------------------------------------------------------------
 
 def run(cfg: DictConfig) -> int:
@@ -407,6 +462,12 @@ def run(cfg: DictConfig) -> int:
 
     console = make_console()
     dirs = [str(cfg.dir), *[str(d) for d in (cfg.get("more") or [])]]
+    axis = str(cfg.split)
+    if axis not in AXES:
+        raise ValueError(f"split={axis}: not an axis of the runs; one of {', '.join(AXES)}")
+    weights = {str(k): float(v) for k, v in cfg.metrics.items()}
+    if unknown := sorted(set(weights) - set(FITTED)):
+        raise ValueError(f"metrics: {', '.join(unknown)} cannot be fitted; the fit weighs {', '.join(FITTED)}")
     engine = OmegaConf.to_container(cfg.engine, resolve=True)
     runs, skipped = load_runs(dirs)
     for where, why in skipped:
@@ -414,80 +475,85 @@ def run(cfg: DictConfig) -> int:
     if not runs:
         raise ValueError(f"{', '.join(dirs)}: no measured closed-loop point to fit (see above)")
     model, gpu = runs[0].config["model"]["name"], runs[0].config["gpu"]["name"]
-    name = cfg.name or f"{gpu}_{model}"
-    weights = {str(k): float(v) for k, v in cfg.metrics.items()}
-    report = [*weights, *[m for m in ("tpot_p50", "ttft_p50", "e2e_mean", "max_running") if m not in weights]]
-    drafts = {r.config.get("draft") for r in runs if r.config.get("draft")}
+    name = cfg.name or (Path(cfg.out).stem if cfg.out else f"{gpu}_{model}")
+    report = [*weights, *[m for m in ("tpot_p50", "ttft_p50", "e2e_mean") if m not in weights]]
+    # (max running is no metric of the fit: each run is replayed on its measured pool, where the simulator's
+    # schedule reaches vLLM's maximum; the memory model is checked by the startups' pools below)
+    modes = sorted({r.mode for r in runs})
     over = engine["overhead"]
-    for mode in {r.mode for r in runs} - set(over):   # the estimates have eager | graphs: start a mode from its kin
+    for mode in set(modes) - set(over):   # the estimates have eager | graphs: a mode starts from its kin
         over[mode] = dict(over["eager" if mode == "eager" else "graphs"])
-    profile, profile_source = read_profile(cfg.layer, drafts)
-    engine = {**engine, "gdn_profile": profile} if profile else engine
-    profiled = set().union(*[set(v) for v in profile.values()]) if profile else set()
+    ran = {r.config["strategy"] for r in runs if r.config.get("draft")}
+    profile, profile_source = read_profile(cfg.layer, {r.config["draft"] for r in runs if r.config.get("draft")}, ran)
+    if not profile and engine.get("gdn_profile"):      # calibration=NAME without layer=: its profile, as it is
+        profile = engine["gdn_profile"]
+        profile_source = f"inherited from the starting calibration ({engine.get('calibration', '?')[:60]}...)"
+    engine = {**engine, "gdn_profile": profile} if profile else {k: v for k, v in engine.items() if k != "gdn_profile"}
+    profiled = {s for m in profile.values() for s in m} & ran if profile else set()
     t0 = time.perf_counter()
     console.print(f"calibrate: {len(runs)} points of {model} on {gpu} from {', '.join(dirs)} "
-                  f"(modes {', '.join(sorted({r.mode for r in runs}))}); playing each schedule once ...")
+                  f"(modes {', '.join(modes)}); playing each schedule once ...")
     replays = [Replay(m, engine) for m in runs]
     params, unfitted = parameters(runs, engine, profiled)
     console.print(f"fitting {len(params)} terms to {len(runs)} points x {len(weights)} metrics "
                   f"({time.perf_counter() - t0:.0f} s so far) ...")
-    fitted, _ = fit(replays, engine, params, weights, float(cfg.prior_weight))
+    fitted, stopped = fit(replays, engine, params, weights, float(cfg.prior_weight))
+    if stopped:
+        console.print(f"[yellow]the fit stopped before converging[/]: {stopped}")
     reserve, startups, mem_unfitted = fit_reserve(runs, engine)
     fitted["non_kv_memory"] = reserve
     unfitted += mem_unfitted
     all_err = errors(replays, fitted, report)
-    held = held_out(replays, runs, engine, params, weights, float(cfg.prior_weight), str(cfg.split), report)
+    held = held_out(replays, engine, params, weights, float(cfg.prior_weight), axis, report)
     before = errors(replays, engine, report)["summary"]
     console.print(f"fitted in {time.perf_counter() - t0:.0f} s")
 
     t = make_table(f"calibration {name}: |sim / measured - 1|, median (max)",
-                   ["metric", "estimates", "fitted (all points)", f"held out by {cfg.split}"], left=1)
+                   ["metric", "starting constants", "fitted (all points)", f"held out by {axis}"], left=1)
     for metric in report:
-        h = held.get("summary", {}).get(metric) if held.get("summary") else None
-        t.add_row(metric, _fmt(before[metric]), _fmt(all_err["summary"][metric]), _fmt(h) if h else "-")
+        t.add_row(metric, _fmt(before[metric]), _fmt(all_err["summary"][metric]),
+                  _fmt((held.get("summary") or {}).get(metric)))
     console.print(t)
     if held.get("why"):
         console.print(f"[bold]held out[/]: {held['why']}")
-    console.print("max_running: the simulator's schedule on each run's measured pool (the memory model is checked "
-                  "by the startups below)")
+    for f in held.get("folds", []):
+        if f.get("untrained_terms"):
+            console.print(f"[dim]held out {axis} {f[axis]}: left out of the summary, it needs "
+                          f"{', '.join(f['untrained_terms'])}, which the other points do not fit[/]")
     mt = make_table("KV pool at startup: vLLM's blocks and the fitted reserve's", ["gmu", "strategy", "draft",
                                                                                    "vLLM", "simulator"], left=3)
     for r in startups:
-        mt.add_row(f"{r['gmu']:g}", r["strategy"], str(r["draft"] or "none"), str(r["num_blocks"]), str(r["predicted"]))
+        mt.add_row(f"{r['gmu']:g}", r["strategy"], str(r["draft"] or "none"), str(r["num_blocks"]),
+                   str(r["predicted"]))
     console.print(mt)
     for u in unfitted:
         console.print(f"[yellow]not fitted[/] {u['term']}: {u['why']}")
     ops, op_notes = op_versions(runs)
-    line = (f"{name}: fitted to {len(runs)} measured vLLM points ({', '.join(sorted({r.mode for r in runs}))} "
-            f"mode) in {', '.join(dirs)}; fit error (median |sim/measured - 1|) "
-            + ", ".join(f"{m} {all_err['summary'][m]['median_abs']:.0%}" for m in weights)
-            + (f"; held out by {cfg.split}: " + ", ".join(
-                f"{m} {held['summary'][m]['median_abs']:.0%}" for m in weights) if held.get("summary") else
-               f"; no held-out error ({held.get('why')})")
-            + "; valid for dummy weights (MoE routing not a trained model's), synthetic acceptance, the GDN ops "
-            "hashed in calibration_fit.gdn_ops")
     doc = {
-        "calibration": line,
+        "calibration": _line(name, runs, dirs, weights, all_err["summary"], held),
         "non_kv_memory": reserve,
-        "overhead": {m: fitted["overhead"][m] for m in sorted({r.mode for r in runs})},
+        "overhead": {m: fitted["overhead"][m] for m in modes},
         "efficiency": dict(engine["efficiency"]),
         "scales": fitted.get("scales", {}),
         "gdn_scale": fitted.get("gdn_scale", {}),
+        "gdn_bytes_scale": fitted.get("gdn_bytes_scale", {}),
         **({"gdn_profile": profile} if profile else {}),
-        "mode": "default" if "default" in {r.mode for r in runs} else sorted({r.mode for r in runs})[0],
+        "mode": "default" if "default" in modes else modes[0],
         "calibration_fit": {
             "name": name, "model": model, "gpu": gpu,
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": "python -m harness calibrate " + " ".join(dirs)
-                       + (f" layer={cfg.layer}" if cfg.layer else "") + f" split={cfg.split} name={name}",
+                       + (f" layer={cfg.layer}" if cfg.layer else "") + f" split={axis} name={name}",
             "sources": sorted({f"{r.folder}:{r.point_id}" for r in runs}),
-            "git_commits": sorted({str((r.summary.get("provenance") or {}).get("git_commit", "?"))[:12] for r in runs}),
+            "git_commits": sorted({str((r.summary.get("provenance") or {}).get("git_commit", "?"))[:12]
+                                   for r in runs}),
             "vllm": sorted({str(r.summary["telemetry"].get("vllm_version")) for r in runs}),
             "gdn_profile_source": profile_source,
             "gdn_ops": ops,
             "gdn_ops_notes": op_notes,
             "metrics_weights": weights, "prior_weight": float(cfg.prior_weight),
-            "error_estimates": before, "error": all_err["summary"], "held_out": held,
+            **({"fit_stopped": stopped} if stopped else {}),
+            "error_start": before, "error": all_err["summary"], "held_out": held,
             "points": all_err["points"], "startups": startups, "unfitted": unfitted,
             "domain": "dummy weights (MoE routing is not a trained model's); synthetic acceptance; closed loop; "
                       "the GDN ops in gdn_ops (a changed op marks the calibration stale)",
@@ -496,29 +562,26 @@ def run(cfg: DictConfig) -> int:
     out = Path(cfg.out) if cfg.out else conf_dir() / "calibration" / f"{name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(_yaml(doc, name, dirs))
-    console.print(f"wrote {out}: use it with calibration={out.stem} (engine=sim)")
+    console.print(f"wrote {out}" + (f": use it with calibration={name} (engine=sim)"
+                                    if out.parent == conf_dir() / "calibration" else
+                                    f"; copy it to conf/calibration/{name}.yaml to use it (calibration={name})"))
     return 0
 
 
-def held_out(replays, runs, engine, params, weights, prior_weight, axis, report) -> dict[str, Any]:
-    """For each value of ``axis``: fit without its points, errors on them (pooled over the values)."""
-    values = sorted({str(m.axis(axis)) for m in runs})
-    if len(values) < 2:
-        return {"axis": axis, "why": f"every point has {axis} {values[0]}: nothing to hold out"}
-    rows, folds = [], []
-    for v in values:
-        train = [r for r in replays if str(r.m.axis(axis)) != v]
-        test = [r for r in replays if str(r.m.axis(axis)) == v]
-        cfg, _ = fit(train, engine, params, weights, prior_weight)
-        e = errors(test, cfg, report)
-        rows += e["points"]
-        folds.append({axis: v, "trained_on": len(train), "tested_on": len(test), "error": e["summary"]})
-    summary = {}
-    for metric in report:
-        x = np.abs([r[metric] for r in rows if r[metric] is not None])
-        summary[metric] = {"median_abs": round(float(np.median(x)), 4) if len(x) else None,
-                           "max_abs": round(float(x.max()), 4) if len(x) else None, "points": int(len(x))}
-    return {"axis": axis, "summary": summary, "folds": folds, "points": rows}
+def _line(name: str, runs: list[Measured], dirs: list[str], weights: Mapping[str, float],
+          error: Mapping[str, Any], held: Mapping[str, Any]) -> str:
+    """The line every simulator result on this calibration shows: what it was fitted to, how well, held out, and
+    where it holds."""
+    def pct(summary: Mapping[str, Any]) -> str:
+        return ", ".join(f"{m} {summary[m]['median_abs']:.0%}" for m in weights
+                         if summary.get(m) and summary[m].get("median_abs") is not None)
+
+    held_txt = (f"held out by {held['axis']}: {pct(held['summary'])}" if held.get("summary")
+                else f"no held-out error ({held.get('why')})")
+    return (f"{name}: fitted to {len(runs)} measured vLLM points ({', '.join(sorted({r.mode for r in runs}))} mode) "
+            f"in {', '.join(dirs)}; fit error (median |sim/measured - 1|) {pct(error)}; {held_txt}; valid for dummy "
+            "weights (MoE routing not a trained model's), synthetic acceptance, the GDN ops hashed in "
+            "calibration_fit.gdn_ops")
 
 
 def _fmt(e: Mapping[str, Any] | None) -> str:
@@ -530,7 +593,8 @@ def _fmt(e: Mapping[str, Any] | None) -> str:
 def _yaml(doc: dict[str, Any], name: str, dirs: list[str]) -> str:
     import yaml
 
-    head = (f"# @package engine\n# Written by python -m harness calibrate ({time.strftime('%Y-%m-%d')}) from {', '.join(dirs)}:\n"
+    head = (f"# @package engine\n# Written by python -m harness calibrate ({time.strftime('%Y-%m-%d')}) from "
+            f"{', '.join(dirs)}:\n"
             "# the simulator's constants fitted to measured vLLM runs (harness/calibrate.py says how). Select it with\n"
             f"# calibration={name} (engine=sim). calibration_fit: what it was fitted to and how well (not read by the\n"
             "# simulator's step cost; its gdn_ops mark the calibration stale when an op changes).\n")

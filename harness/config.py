@@ -68,7 +68,7 @@ def compose(config_name: str, overrides: Sequence[str] = (), quiet: bool = False
             + [f"engine={resolve_engine('auto', quiet=quiet)}"]
     if auto or inside:
         calibrated = next((o for o in overrides if o.startswith(CALIBRATION_KEY)), None)
-        if calibrated and OmegaConf.select(_compose(config_name, [o for o in overrides if o is not calibrated]),
+        if calibrated and OmegaConf.select(_compose(config_name, [o for o in overrides if o != calibrated]),
                                            "engine.name") != "sim":
             raise ValueError(f"calibration={calibrated.split('=', 1)[1]}: a calibration sets the simulator's "
                              "constants; this command's engine is not the simulator (engine=sim)")

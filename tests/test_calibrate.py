@@ -1,4 +1,5 @@
-"""The simulator against measured vLLM runs it was not fitted on, and the calibration that fits it (harness/calibrate.py).
+"""The simulator against measured vLLM runs it was not fitted on, and the calibration that fits it
+(harness/calibrate.py).
 
 The measured runs are committed ones: ``results/h200-kernel-speed/e2e/capture2048`` (7 points of the 35B shape on
 one H200, vLLM 0.26.0, default graph mode, ShareGPT, store_all and treewy at gmu 0.6 / 0.9, c128 / c256) and the
@@ -61,7 +62,7 @@ def test_the_fit_predicts_runs_it_did_not_see(fitted):
     assert held["tpot_mean"]["median_abs"] < 0.20, out
     assert held["ttft_p99"]["median_abs"] < 0.30, out
     for metric in ("output_throughput", "tpot_mean", "ttft_p99"):   # and it learned something: 2x better at least
-        assert fit["error"][metric]["median_abs"] < 0.5 * fit["error_estimates"][metric]["median_abs"], metric
+        assert fit["error"][metric]["median_abs"] < 0.5 * fit["error_start"][metric]["median_abs"], metric
     assert len(fit["sources"]) == 7 and fit["held_out"]["axis"] == "concurrency"
     assert {f["concurrency"] for f in fit["held_out"]["folds"]} == {"128", "256"}
 
@@ -143,4 +144,26 @@ def test_a_folder_of_simulated_points_calibrates_nothing(tmp_path):
     sim = ROOT / "results" / "sweeps"
     folder = next(p.parent.parent for p in sim.glob("*/points/*/summary.json"))
     assert main(["calibrate", str(folder), f"out={tmp_path / 'x.yaml'}"]) == 2
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_split_that_holds_out_a_term_it_cannot_fit_says_so(tmp_path):
+    """Held out by strategy, each fold would predict a strategy whose GDN scale the other points never fit: its error
+    would measure the starting value, so no held-out figure is given, and the calibration line says why. Started
+    from the committed calibration without layer=, the fit keeps that calibration's profile and says so."""
+    doc, out = _calibrate(tmp_path, str(CAMPAIGN), "split=strategy", "calibration=h200_qwen35_35b")
+    held = doc["calibration_fit"]["held_out"]
+    assert "summary" not in held and "no held-out error" in held["why"]
+    assert {f["strategy"]: f["untrained_terms"] for f in held["folds"]} == {
+        "store_all": ["gdn_scale.store_all"], "treewy": ["gdn_scale.treewy"]}
+    assert "no held-out error" in doc["calibration"]
+    assert doc["calibration_fit"]["gdn_profile_source"].startswith("inherited from the starting calibration")
+    assert set(doc["gdn_profile"]["default"]) == {"store_all", "treewy"}     # only the strategies the runs ran
+
+
+def test_bad_calibrate_input_is_named_before_any_fit(tmp_path):
+    from harness.cli import main
+
+    assert main(["calibrate", str(CAMPAIGN), "split=foo", f"out={tmp_path / 'x.yaml'}"]) == 2
+    assert main(["calibrate", str(CAMPAIGN), "metrics={e2e_p99: 1.0}", f"out={tmp_path / 'x.yaml'}"]) == 2
     assert not (tmp_path / "x.yaml").exists()

@@ -14,7 +14,8 @@ A fitted calibration (``conf/calibration/<name>.yaml``, ``python -m harness cali
 carries prompt tokens has its own fixed cost (``overhead.<mode>.mixed``: under vLLM's default graph mode decode-only
 steps replay a FULL graph and mixed ones run PIECEWISE), each byte term has a fitted scale (``scales``), and a
 strategy's GDN op is timed by its measured per-layer profile (``gdn_profile``: seconds at each batch, from ``bench
-kernels``' layer section, times a fitted ``gdn_scale``) instead of by the bytes it moves. Without them (the
+kernels``' layer section, times a fitted ``gdn_scale``) instead of by the bytes it moves (where it has no profile
+for the draft shape: its bytes, times a fitted ``gdn_bytes_scale``). Without them (the
 estimates) the model is the plain roofline above.
 """
 
@@ -107,7 +108,8 @@ def build_step_model(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftT
     try:
         over = cfg["overhead"][mode]
     except KeyError:
-        raise ValueError(f"engine.mode={mode!r}: no overhead constants for it in conf/engine/sim.yaml") from None
+        raise ValueError(f"engine.mode={mode!r}: the calibration ({str(cfg.get('calibration', '?'))[:40]}...) has "
+                         f"no step costs for it, only {', '.join(cfg['overhead'])} (conf/calibration/)") from None
     passes = 0 if tree is None else tree.draft_depth
     eff = cfg["efficiency"]
     h, m = model.hidden_size, model.mlp
@@ -135,7 +137,8 @@ def build_step_model(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftT
     sc = {"weights": 1.0, "kv": 1.0, "flops": 1.0, "drafter": 1.0, **(cfg.get("scales") or {})}
     draft_pass = float(over["per_draft_pass"]) * passes
     batch, seconds = gdn_profile(cfg, mode, strategy, tree, g.num_layers, tp)
-    gdn_scale = float((cfg.get("gdn_scale") or {}).get(strategy, 1.0)) if tree is not None else 1.0
+    # the bytes' own fitted scale where no profile applies (gdn_scale scales a profile: the two are not one number)
+    bytes_scale = float((cfg.get("gdn_bytes_scale") or {}).get(strategy, 1.0)) if tree is not None else 1.0
     return StepModel(
         overhead_s=float(over["base"]) + draft_pass,
         mixed_overhead_s=float(over["mixed"]) + draft_pass if "mixed" in over else None,
@@ -147,7 +150,7 @@ def build_step_model(model: ModelSpec, gpu: GPUSpec, strategy: str, tree: DraftT
         experts_per_token=k_e,
         kv_bytes_per_token=float(model.kv_bytes_per_token()) * float(sc["kv"]),
         gdn_bytes_per_request=0.0 if batch else
-        g.num_layers * gdn_traffic(strategy, tree, state, token_stash, mean_tokens, options) * gdn_scale,
+        g.num_layers * gdn_traffic(strategy, tree, state, token_stash, mean_tokens, options) * bytes_scale,
         gdn_bytes_per_prefill=2.0 * g.num_layers * state,
         flops_per_token=2.0 * model.num_params(active=True) + gdn_flops,
         attn_flops_per_ctx_token=4.0 * at["num_heads"] * at["head_dim"] * at["num_layers"],
