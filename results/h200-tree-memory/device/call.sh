@@ -2,11 +2,15 @@
 # One device call of the tree-memory plan (../plan.json): unpack vLLM where this host has not yet, then as many
 # startups as the call's time allows, resuming what earlier calls finished (on this host in /tmp/tree-memory, on
 # a fresh one from ../runs/ when it was brought back here). Brings every run's record and log back in $OUT/runs.
+#   PLAN (plan.json; plan-h100.json where no H200 is lent): which startups, their records in runs/ (runs-h100/)
 #   CALL_LIMIT (560): seconds this call may take; RUN_TIMEOUT (400): seconds per startup
 set -u
 T0=$(date +%s)
 LIMIT=${CALL_LIMIT:-560}
 HERE=results/h200-tree-memory
+PLAN=${PLAN:-plan.json}
+NAME=$(basename "$PLAN" .json)                 # plan -> runs, plan-h100 -> runs-h100
+KEEP=$HERE/runs${NAME#plan}
 if [ ! -f /tmp/vllm-site/vllm_env.sh ]; then
   last=$(ls -d .vllm-bundle/c* 2>/dev/null | sort -V | tail -1)
   [ -n "$last" ] && [ -f "$last/unpack.sh" ] || { echo "no vLLM on this host and no .vllm-bundle/cN/unpack.sh carried"; exit 3; }
@@ -14,14 +18,16 @@ if [ ! -f /tmp/vllm-site/vllm_env.sh ]; then
 fi
 source results/h200-kernel-speed/device/env.sh
 echo "[$(( $(date +%s) - T0 ))s] env ready"
-RUNS=/tmp/tree-memory
+RUNS=/tmp/tree-memory-$NAME
 mkdir -p $RUNS
-if [ ! -f $RUNS/summary.json ] && [ -f $HERE/runs/summary.json ]; then
-  cp $HERE/runs/*.json $HERE/runs/*.log $RUNS/ 2>/dev/null
-  echo "resuming from $HERE/runs ($(python3 -c "import json; print(len(json.load(open('$RUNS/summary.json'))))") runs)"
+if [ ! -f $RUNS/summary.json ] && [ -f $KEEP/summary.json ]; then
+  cp $KEEP/*.json $KEEP/*.log $RUNS/ 2>/dev/null
+  echo "resuming from $KEEP ($(python3 -c "import json; print(len(json.load(open('$RUNS/summary.json'))))") runs)"
 fi
-python3 -m harness.engines.vllm.offline_plan $HERE/plan.json $RUNS --skip-done --timeout ${RUN_TIMEOUT:-400} \
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $RUNS/gpu.txt
+python3 -m harness.engines.vllm.offline_plan $HERE/$PLAN $RUNS --skip-done --timeout ${RUN_TIMEOUT:-400} \
   --budget-s $(( LIMIT - ($(date +%s) - T0) - 20 ))
 mkdir -p $OUT/runs
-cp $RUNS/*.json $RUNS/*.log $OUT/runs/ 2>/dev/null
+cp $RUNS/*.json $RUNS/*.log $RUNS/gpu.txt $OUT/runs/ 2>/dev/null
+cp $OUT/versions.txt $OUT/runs/ 2>/dev/null
 echo "[$(( $(date +%s) - T0 ))s] done: $(ls $OUT/runs/*.json | wc -l) files"

@@ -2,6 +2,7 @@
 the TreeWY paper's figures.
 
     .venv/bin/python results/h200-tree-memory/device/table.py results/h200-tree-memory/runs [--out DIR]
+        [--plan plan-h100.json]
 
 Reads every ``<name>.json`` (harness.engines.vllm.offline's record: vLLM's own KV plan from its scheduler) and
 ``summary.json`` (the runner's: a startup that failed has its error there, which is the result for that row).
@@ -31,10 +32,9 @@ MAX_LEN = 4096
 PAPER = {("store_all", 3): 4, ("store_all", 39): 40, ("treewy", 3): 1, ("treewy", 39): 1}
 
 
-def measured(runs: Path) -> list[dict[str, Any]]:
+def measured(runs: Path, plan: dict[str, Any]) -> list[dict[str, Any]]:
     summary = {s["name"]: s for s in json.loads((runs / "summary.json").read_text())} \
         if (runs / "summary.json").is_file() else {}
-    plan = json.loads((HERE.parent / "plan.json").read_text())
     rows = []
     for run in plan["runs"]:
         name = run["name"]
@@ -60,14 +60,14 @@ def measured(runs: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def predicted(row: dict[str, Any]) -> dict[str, Any]:
+def predicted(row: dict[str, Any], gpu_name: str) -> dict[str, Any]:
     from harness.config import engine_config, load_model, parse_draft
     from harness.engines.base import GPUSpec
     from harness.engines.sim.memory import build_pool
     import yaml
 
     engine = engine_config("sim")
-    gpu = GPUSpec.from_config(yaml.safe_load((ROOT / "conf" / "gpu" / "h200.yaml").read_text()))
+    gpu = GPUSpec.from_config(yaml.safe_load((ROOT / "conf" / "gpu" / f"{gpu_name}.yaml").read_text()))
     tree = parse_draft(f"chain:{row['k']}", root=True) if row["k"] else None
     try:
         pool = build_pool(load_model("qwen35_35b"), gpu, row["strategy"] if tree else "store_all", tree,
@@ -103,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", type=Path)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--plan", default="plan.json", help="the plan the runs ran (in results/h200-tree-memory/)")
     args = p.parse_args(argv)
-    rows = [{**r, **predicted(r)} for r in measured(args.runs)]
+    plan = json.loads((HERE.parent / args.plan).read_text())
+    rows = [{**r, **predicted(r, plan.get("gpu", "h200"))} for r in measured(args.runs, plan)]
     out = args.out or args.runs.parent
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.json").write_text(json.dumps(rows, indent=1) + "\n")
