@@ -33,10 +33,10 @@ def write(gmus: tuple[float, ...], gpu: str, path: Path, note: str) -> None:
               "acceptance_rates": []} for gmu in gmus]
     plan = {
         "gpu": gpu,
-        "comment": f"Issue 19, tree memory in a real engine: vLLM 0.26.0 on one {gpu.upper()} starts the Qwen3.5-35B-A3B "
-                   f"shape (dummy weights, eager) with an MTP chain of k drafts under store_all and treewy at gmu "
-                   f"{' and '.join(map(str, gmus))} and stops once its KV plan is made (skip_generate). {note}vLLM 0.26 has no tree "
-                   "attention; a chain of k drafts holds the GDN state pages a draft tree of k nodes does under "
+        "comment": f"Issue 19, tree memory in a real engine: vLLM 0.26.0 on one {gpu.upper()} starts the "
+                   "Qwen3.5-35B-A3B shape (dummy weights, eager) with an MTP chain of k drafts under store_all and "
+                   f"treewy at gmu {' and '.join(map(str, gmus))} and stops once its KV plan is made "
+                   f"(skip_generate). {note}vLLM 0.26 has no tree attention; a chain of k drafts holds the GDN state pages a draft tree of k nodes does under "
                    "store_all (k = 39: the paper's (3,3,3) tree). Synthetic acceptance rates from "
                    "conf/acceptance/synthetic.yaml (they set nothing about memory). Written by device/plan.py.",
         "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
