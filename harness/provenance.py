@@ -20,8 +20,9 @@ STAGED = ".devrun"     # what harness/engines/vllm/stage_harness.sh records for 
 def git_commit(repo: Path | None = None) -> str | None:
     """The commit of the code CommitBench runs from, with ``-dirty`` when the files differ from it:
     ``$COMMITBENCH_GIT_COMMIT`` if set; else the commit ``stage_harness.sh`` recorded in ``.devrun/`` when every
-    file it lists is here unchanged (the GPU host gets the files without .git, or once with a stale one); else
-    git's HEAD; else the staged commit with ``-dirty``; else None (unknown, never a guess)."""
+    file it lists is here unchanged (the GPU host gets the files without .git, or once with a stale one); else,
+    of git's HEAD and the staged commit, the one fewer files differ from (``-dirty`` where any do); else None
+    (unknown, never a guess)."""
     if os.environ.get("COMMITBENCH_GIT_COMMIT"):
         return os.environ["COMMITBENCH_GIT_COMMIT"]
     repo = (repo or Path(__file__).resolve().parents[1]).resolve()
@@ -33,8 +34,11 @@ def git_commit(repo: Path | None = None) -> str | None:
             head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                                   timeout=10, check=True).stdout.strip()
             dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
-            return head + ("-dirty" if dirty else "")
+                                   capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+            # where both differ from the files, the nearer commit: a host's stale copy of .git differs in every
+            # file changed since, a checkout's old .devrun/ in every file changed since it was staged
+            if not staged or len(dirty) <= len(staged[1]):
+                return head + ("-dirty" if dirty else "")
         except (OSError, subprocess.SubprocessError):
             pass
     if staged:

@@ -213,6 +213,10 @@ def test_a_staged_checkout_records_the_commit_it_is_and_says_when_it_is_not(tmp_
     subprocess.run(["git", "-C", str(stale), "reset", "-q", "--soft", "HEAD~1"], check=True)
     _staged.cache_clear()
     assert git_commit(stale) == two
-    (stale / "pkg" / "a.py").write_text("x = 3\n")  # ... and once a file differs, git's own answer
-    _staged.cache_clear()
+    (stale / "pkg" / "a.py").write_text("x = 3\n")  # ... and once a file differs, the nearer of the two: the
+    _staged.cache_clear()                           # staged commit (a.py differs) over the stale HEAD (a.py, b.txt)
+    assert git_commit(stale) == two + "-dirty"      # (the H100 tree-memory runs once read eafe669-dirty for b394d1a)
+    (stale / "b.txt").write_text("b\n")             # the files back to HEAD's: one differs from the staged commit
+    (stale / "pkg" / "a.py").write_text("x = 1\n")  # (b.txt), one from git's (its index, left at two's by the
+    _staged.cache_clear()                           # soft reset): a tie goes to git
     assert git_commit(stale) == head + "-dirty"

@@ -53,9 +53,10 @@ def main() -> None:
     write((0.6, 0.9), "h200", HERE.parent / "plan.json", "")
     # Where no H200 is lent: the same startups on an H100 (80 GB), whose gmu 0.9 leaves the 35B's 65 GiB of weights
     # a few GiB of pool. Pages and blocks per request are the model's, the same on any GPU; the pool is the H100's.
-    write((0.9,), "h100", HERE.parent / "plan-h100.json",
-          "On an H100 the 35B's weights leave a few GiB of pool at gmu 0.9 (gmu 0.6 cannot hold them); pages and "
-          "blocks per request are the model's on any GPU, the pool and concurrency the H100's. ")
+    note = ("On an H100 the 35B's weights leave a few GiB of pool at gmu 0.9 (gmu 0.6 cannot hold them); pages and "
+            "blocks per request are the model's on any GPU, the pool and concurrency the H100's. ")
+    write((0.9,), "h100", HERE.parent / "plan-h100.json", note)
+    write((0.95,), "h100", HERE.parent / "plan-h100-gmu0.95.json", note)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,9 @@ def measured(runs: Path, plan: dict[str, Any]) -> list[dict[str, Any]]:
                        max_concurrency=kv["max_concurrency_max_model_len"])
         elif name in summary:
             s = summary[name]
-            row.update(status="failed", error="; ".join(s.get("errors") or []) or s.get("failure") or f"rc {s['rc']}")
+            # the exception's own line (vLLM's log also has the traceback's "raise ValueError(" lines)
+            said = [m.group(0) for e in s.get("errors") or [] if (m := re.search(r"\w+Error: .*", e))]
+            row.update(status="failed", error=said[-1] if said else s.get("failure") or f"rc {s['rc']}")
         else:
             row.update(status="not run")
         rows.append(row)
@@ -93,7 +96,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                        f"{f' ({paper})' if paper else ''} | {r['blocks_per_request']} | {r['block_size']} | "
                        f"{r['num_blocks']} | {r['max_concurrency']:.2f}x | {sim} |")
         else:
-            why = r.get("error", "")[:160].replace("|", "/")
+            why = r.get("error", "")[:240].replace("|", "/")
             out.append(f"| {r['gmu']} | {r['k']} | {r['strategy']} | {r['status']}{f': {why}' if why else ''} "
                        f"| | | | | {sim} |")
     return head + "\n".join(out) + "\n"
