@@ -70,12 +70,12 @@ def _graphs(s: dict[str, Any]) -> str:
 def _gdn(s: dict[str, Any]) -> str:
     if s.get("engine") == "sim":
         from harness.config import parse_draft
+        from harness.engines.sim.step_time import gdn_profile
 
         cfg = s.get("config") or {}
         eng = cfg.get("engine") or {}
-        prof = ((eng.get("gdn_profile") or {}).get(eng.get("mode")) or {}).get(cfg.get("strategy"))
-        # the profile applies to its own draft shape only (harness.engines.sim.step_time.gdn_profile)
-        if prof and cfg.get("draft") and prof.get("draft") == parse_draft(cfg["draft"]).label.removesuffix("+root"):
+        tree = parse_draft(cfg["draft"], root=True) if cfg.get("draft") else None
+        if gdn_profile(eng, str(eng.get("mode")), cfg.get("strategy", ""), tree, num_layers=1)[0]:   # as it ran
             return "modelled (its op's measured per-layer time, fitted scale)"
         return "modelled (state bytes moved per step)"
     said = ((s.get("telemetry") or {}).get("server") or {}).get("gdn_commit")

@@ -117,6 +117,7 @@ def load_runs(dirs: list[str]) -> tuple[list[Measured], list[tuple[str, str]]]:
         for s in store.summaries():
             pid = s.get("point_id", "?")
             cfg = s.get("config") or {}
+            mode, capture = graph_mode(s), capture_size(s)
             why = None
             if s.get("engine") != "vllm":
                 why = f"engine {s.get('engine')}: only measured (vllm) runs calibrate the simulator"
@@ -126,13 +127,13 @@ def load_runs(dirs: list[str]) -> tuple[list[Measured], list[tuple[str, str]]]:
                 why = "open loop: its schedule depends on the step times (closed-loop points only)"
             elif int((cfg.get("engine") or {}).get("tensor_parallel_size") or 1) != 1:
                 why = "tensor parallel: the fit's step model is one GPU's (calibrate one-GPU runs)"
-            elif graph_mode(s) is None:
+            elif mode is None:
                 why = "its graph mode is not recorded (telemetry.server.graph_mode)"
-            elif graph_mode(s) != "eager" and capture_size(s) is None:
+            elif mode != "eager" and capture is None:
                 why = "its CUDA-graph capture sizes are not recorded (telemetry.server.graph_capture)"
-            elif capture_size(s) != captures.setdefault(graph_mode(s), capture_size(s)):
-                why = (f"CUDA graphs captured up to {capture_size(s)} tokens, not {captures[graph_mode(s)]} as the "
-                       f"first {graph_mode(s)}-mode point's: another mode in effect (calibrate them apart)")
+            elif capture != captures.setdefault(mode, capture):
+                why = (f"CUDA graphs captured up to {capture} tokens, not {captures[mode]} as the first {mode}-mode "
+                       "point's: another mode in effect (calibrate them apart)")
             elif not (s.get("telemetry") or {}).get("num_blocks"):
                 why = "no KV pool recorded (telemetry.num_blocks)"
             elif missing := [k for k in FITTED if not (s.get("metrics") or {}).get(k)]:
@@ -145,7 +146,7 @@ def load_runs(dirs: list[str]) -> tuple[list[Measured], list[tuple[str, str]]]:
             if why:
                 skipped.append((f"{d}:{pid}", why))
                 continue
-            runs.append(Measured(d, pid, graph_mode(s), s, sorted(store.requests(pid), key=lambda r: r["id"])))
+            runs.append(Measured(d, pid, mode, s, sorted(store.requests(pid), key=lambda r: r["id"])))
     return runs, skipped
 
 
@@ -166,8 +167,8 @@ class Replay:
                      for r in m.requests)
         tel = m.summary["telemetry"]
         # the measured pool: vLLM's num_blocks of the simulator's page (the plan's arithmetic is vLLM's)
-        pool = build_pool(self.model, self.gpu, self.strategy, self.tree, float(c["gmu"]), engine, self.options)
-        kv_bytes = int((int(tel["num_blocks"]) + 0.5) * pool.plan.bytes_per_block)
+        self.pool = build_pool(self.model, self.gpu, self.strategy, self.tree, float(c["gmu"]), engine, self.options)
+        kv_bytes = int((int(tel["num_blocks"]) + 0.5) * self.pool.plan.bytes_per_block)
         self.point = Point(model=self.model, gpu=self.gpu, strategy=self.strategy, tree=self.tree, requests=reqs,
                            arrival=workloads.Arrival(kind="closed", max_concurrency=int(c["load"]["concurrency"]),
                                                      seed=int(c.get("seed") or 0)),
@@ -189,7 +190,6 @@ class Replay:
         self.records = result.requests
         self.idx = np.array([[steps_before(r.arrival_s), steps_before(r.first_token_s), steps_before(r.finish_s)]
                              for r in result.requests])
-        self.sim_telemetry = result.telemetry
 
     def times(self, engine: Mapping[str, Any]) -> np.ndarray:
         step = build_step_model(self.model, self.gpu, self.strategy, self.tree, self.mean_tokens,
@@ -296,35 +296,26 @@ def errors(replays: list[Replay], cfg: Mapping[str, Any], metrics: list[str]) ->
             a, b = sim.get(metric), real.get(metric)
             row[metric] = None if not a or not b else round(a / b - 1.0, 4)
         per_point.append(row)
-    summary = {}
-    for metric in metrics:
-        e = np.abs([r[metric] for r in per_point if r[metric] is not None])
-        summary[metric] = {"median_abs": round(float(np.median(e)), 4) if len(e) else None,
-                           "max_abs": round(float(e.max()), 4) if len(e) else None, "points": int(len(e))}
-    return {"summary": summary, "points": per_point}
+    return {"summary": _summary(per_point, metrics), "points": per_point}
 
 
 # -- memory: the non-KV reserve from the startup KV plans ----------------------------------------------------------
 
-def fit_reserve(runs: list[Measured], engine: Mapping[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]],
-                                                                          list[dict[str, str]]]:
+def fit_reserve(replays: list[Replay], engine: Mapping[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]],
+                                                                              list[dict[str, str]]]:
     """``non_kv_memory`` fitted to every distinct startup's ``num_blocks``: reserve = requested - weights - pool
     (the pool's midpoint between num_blocks and num_blocks + 1 pages). Returns the constants, the startups with
     their predicted blocks, and the terms left at their estimates."""
     start = dict(engine["non_kv_memory"])
     seen: dict[tuple, dict[str, Any]] = {}
-    for m in runs:
-        c = m.config
-        model, gpu = ModelSpec.from_config(c["model"]), GPUSpec.from_config(c["gpu"])
-        tree = parse_draft(c["draft"], root=True) if c.get("draft") else None
-        pool = build_pool(model, gpu, c["strategy"], tree, float(c["gmu"]), engine, c.get("strategy_options"))
+    for rep in replays:          # each built its pool from ``engine``: the reserve is what vLLM's blocks leave
+        c, tree = rep.m.config, rep.tree
         key = (c["gmu"], c["strategy"] if tree else "none", c.get("draft"))
-        nb = int(m.summary["telemetry"]["num_blocks"])
-        requested = int(float(c["gmu"]) * gpu.memory_bytes)
-        reserve = requested - pool.weight_bytes - (nb + 0.5) * pool.plan.bytes_per_block
+        nb = int(rep.m.summary["telemetry"]["num_blocks"])
+        requested = int(float(c["gmu"]) * rep.gpu.memory_bytes)
+        reserve = requested - rep.pool.weight_bytes - (nb + 0.5) * rep.pool.plan.bytes_per_block
         seen[key] = {"gmu": c["gmu"], "strategy": key[1], "draft": c.get("draft"), "num_blocks": nb,
-                     "requested": requested, "reserve": reserve, "spec": tree is not None, "model": model,
-                     "gpu": gpu, "tree": tree, "opts": c.get("strategy_options")}
+                     "requested": requested, "reserve": reserve, "spec": tree is not None, "rep": rep}
     rows = list(seen.values())
     unfitted = []
     cols = [("base_bytes", lambda r: 1.0)]
@@ -352,9 +343,9 @@ def fit_reserve(runs: list[Measured], engine: Mapping[str, Any]) -> tuple[dict[s
         out = {**fixed, **{k: float(v) for (k, _), v in zip(cols, coef)}}
     table = []
     for r in rows:
-        cfg = {**engine, "non_kv_memory": out}
-        pool = build_pool(r["model"], r["gpu"], r["strategy"] if r["spec"] else "store_all", r["tree"],
-                          float(r["gmu"]), cfg, r["opts"])
+        rep = r["rep"]
+        pool = build_pool(rep.model, rep.gpu, rep.strategy, rep.tree, float(r["gmu"]),
+                          {**engine, "non_kv_memory": out}, rep.options)
         table.append({"gmu": r["gmu"], "strategy": r["strategy"], "draft": r["draft"],
                       "num_blocks": r["num_blocks"], "predicted": pool.num_blocks})
     return {k: float(out[k]) for k in ("base_bytes", "fraction_of_requested", "spec_bytes")}, table, unfitted
@@ -500,7 +491,7 @@ def run(cfg: DictConfig) -> int:
     fitted, stopped = fit(replays, engine, params, weights, float(cfg.prior_weight))
     if stopped:
         console.print(f"[yellow]the fit stopped before converging[/]: {stopped}")
-    reserve, startups, mem_unfitted = fit_reserve(runs, engine)
+    reserve, startups, mem_unfitted = fit_reserve(replays, engine)
     fitted["non_kv_memory"] = reserve
     unfitted += mem_unfitted
     all_err = errors(replays, fitted, report)

@@ -8,6 +8,7 @@ its telemetry (``calibration_stale``) and the report's setup line repeats it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,6 +35,7 @@ def op_version(strategy: str, commit: str | None = None) -> str | None:
     return digest.hexdigest()[:12]
 
 
+@functools.lru_cache(maxsize=256)    # a commit's files do not change: read each once per process
 def _at(commit: str, path: str) -> bytes | None:
     """``path`` at ``commit`` (b"absent" where the commit has no such file; None: no such commit, or no git)."""
     import subprocess
