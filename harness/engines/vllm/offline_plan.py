@@ -112,16 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         if run["name"] in done:
             print(f"[offline_plan] {run['name']}: done before, skipped (--skip-done)", flush=True)
             continue
-        if args.budget_s is not None:
-            left = args.budget_s - (time.time() - t0)
-            if left < expected:
-                todo = [r["name"] for r in runs if r["name"] not in done and (not args.only or r["name"] in args.only)]
-                print(f"[offline_plan] budget: {left:.0f} s left, a run is expected to take {expected:.0f} s; "
-                      f"stopping before {run['name']} ({len(todo)} of the plan's runs not done)", flush=True)
-                break
+        left = None if args.budget_s is None else args.budget_s - (time.time() - t0)
+        if left is not None and left < expected:
+            todo = [r["name"] for r in runs if r["name"] not in done and (not args.only or r["name"] in args.only)]
+            print(f"[offline_plan] budget: {left:.0f} s left, a run is expected to take {expected:.0f} s; "
+                  f"stopping before {run['name']} ({len(todo)} of the plan's runs not done)", flush=True)
+            break
         print(f"[offline_plan] {run['name']} ...", flush=True)
-        res = run_one(run, out_dir, min(args.timeout, args.budget_s - (time.time() - t0))
-                      if args.budget_s is not None else args.timeout, env_extra)
+        res = run_one(run, out_dir, args.timeout if left is None else min(args.timeout, left), env_extra)
         if res["rc"] == 0:
             done.add(run["name"])
             expected = 1.5 * res["wall_s"]   # the host has compiled what the first run needed
