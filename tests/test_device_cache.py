@@ -254,7 +254,21 @@ def test_precompile_stops_the_sweep_once_vllm_is_healthy_notes_the_kind_and_pack
     assert not list((tmp_path / "scratch").glob("points/*/summary.json"))
     assert (out / "precompile-treewy-vllm.log").stat().st_size > 0
     assert "new file(s)" in said and list((out / "devcache").glob("cc-*.part"))
+    # only this run's servers: other xdist workers start tagged servers of their own meanwhile, and those carry
+    # the workers' HOME, not this test's
+    def ours() -> set[int]:
+        return {pid for pid in set(tagged_processes("commitbench-")) - before if _home_of(pid) == str(home)}
+
     deadline = time.time() + 15
-    while (left := set(tagged_processes("commitbench-")) - before) and time.time() < deadline:
+    while (left := ours()) and time.time() < deadline:
         time.sleep(0.5)
     assert not left, f"servers left running: {left}"
+
+
+def _home_of(pid: int) -> str | None:
+    """HOME in the environment process ``pid`` started with (None if it is gone)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((item[5:].decode(errors="replace") for item in env if item.startswith(b"HOME=")), None)
