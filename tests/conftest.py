@@ -17,6 +17,14 @@ from strategies import DraftTree
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The suite runs as two xdist workers on CI's two cores. Left at one OpenMP thread per core, each worker's tiny
+# torch ops spin-wait against the other worker's (and its engines'): the acceptance gate's float64/float32 test
+# takes 4 s alone, 21 s beside one busy process, 4 s on one thread. One thread per worker, and per process it
+# starts (they inherit the environment); a test that wants more sets it for its own subprocess.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+torch.set_num_threads(1)
+
 
 def make_step(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 8, V: int = 6,
               dtype=torch.float64, seed: int = 0, g_range=(-2.0, 0.0), beta_range=(0.0, 1.0),

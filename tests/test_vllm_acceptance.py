@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import requires_vllm
 
@@ -88,10 +89,14 @@ def test_training_is_seeded(tmp_path):
     c["distill"].update(sequences=4, prompt_len=16, new_tokens=16, steps=2, batch=2)
     c["eval"] = None
     hashes = []
+    threads = torch.get_num_threads()
     for seed, name in ((0, "a"), (0, "b"), (1, "c")):
         c.update(seed=seed, out=str(tmp_path / name / "model"))
         hashes.append(run_training(c, progress=lambda m: None)["weights_sha256"])
     assert hashes[0] == hashes[1] != hashes[2]
+    # it trained at its own thread count and handed the caller's back (2 left behind made this suite's next
+    # file on the worker 7x slower)
+    assert c["threads"] != threads and torch.get_num_threads() == threads
 
 
 def _run(accepted, tokens, tops=None, margins=None):

@@ -74,9 +74,21 @@ def mtp_chain_loss(net: TrainedQwen3Next, seq: torch.Tensor, hidden: torch.Tenso
 
 
 def run_training(c: dict[str, Any], progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train per ``c`` (conf/acceptance_train.yaml) and write the model dir ``c['out']``; returns train.json."""
-    torch.manual_seed(int(c["seed"]))
+    """Train per ``c`` (conf/acceptance_train.yaml) and write the model dir ``c['out']``; returns train.json.
+
+    Trains at ``c['threads']`` torch threads (the weights are bit-identical only at one thread count) and gives the
+    caller back its own count: a process that trains and then goes on (a test worker) must not keep two threads
+    spinning against its neighbours."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(int(c["threads"]))
+    try:
+        return _train(c, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(c: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
+    torch.manual_seed(int(c["seed"]))
     gen = torch.Generator().manual_seed(int(c["seed"]))
     t0 = time.perf_counter()
     d = c["data"]
