@@ -93,7 +93,8 @@ COMPOSE_ONLY = {
     "strategy=store_all,treewy": "the 35B on vLLM: needs a GPU",
     "python -m harness sweep sweep=h200_35b requests_from.sharegpt=sharegpt.jsonl": "the 35B on vLLM: needs a GPU",
     "python -m harness check-acceptance": ".ci/run runs the gate after the tests",
-    "python -m harness acceptance vllm": ".ci/run runs the in-engine gate after the tests (about 80 s)",
+    "python -m harness acceptance vllm":
+        ".ci/run runs the in-engine gate after the tests (about 90 s, beside the toy gate)",
     "python -m harness acceptance vllm fault=commit_off_by_one 'strategy=[store_all,treewy]'":
         "tests/test_vllm_acceptance.py::test_the_gate_catches_a_wrong_commit runs each fault",
     "python -m harness sweep sweep=trained_qwen3next gpu=cpu engine.kv_cache_bytes=268435456 "
